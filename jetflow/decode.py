@@ -1,0 +1,145 @@
+"""The decode loop: prefill, then rounds of draft -> verify -> accept -> commit.
+
+``generate`` works with any proposer (see ``proposers.py``); with ``proposer=None`` every tree is
+the root alone, which is plain autoregressive decoding through the very same seam, so baselines
+share every line of code that is not drafting.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .target import Target, compact_cache
+from .tree import Tree
+from .verify import greedy_accept, kept_positions, sample_accept, tree_attention_mask
+
+
+@dataclass
+class Round:
+    tree: Tree             # what was drafted (root = anchor)
+    path: list[int]        # accepted node indices, root first
+    committed: list[int]   # tokens committed this round: accepted drafts + bonus (after truncation)
+    target_choice: list[int]  # (N+1,) the target's argmax at every node
+    draft_s: float
+    verify_s: float
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted (the bonus excluded)."""
+        return len(self.path) - 1
+
+
+@dataclass
+class Result:
+    prompt_ids: list[int]
+    tokens: list[int]      # generated ids (EOS included when hit)
+    text: str
+    rounds: list[Round] = field(default_factory=list)
+    prefill_s: float = 0.0
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def decode_s(self) -> float:
+        return sum(r.draft_s + r.verify_s for r in self.rounds)
+
+    @property
+    def draft_s(self) -> float:
+        return sum(r.draft_s for r in self.rounds)
+
+    @property
+    def verify_s(self) -> float:
+        return sum(r.verify_s for r in self.rounds)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per round, bonus included (METHOD.md section 1)."""
+        return sum(len(r.committed) for r in self.rounds) / max(len(self.rounds), 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput: tokens committed by rounds over decode time (prefill excluded)."""
+        return sum(len(r.committed) for r in self.rounds) / max(self.decode_s, 1e-9)
+
+
+def _check_args(target: Target, prompt_len: int, budget: int, max_new_tokens: int, temperature: float):
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    need = prompt_len + max_new_tokens + budget + 1
+    if need > target.max_context:
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + budget "
+                         f"exceeds the model's context of {target.max_context} tokens")
+
+
+def _pick(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> int:
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=gen))
+
+
+def _commit(out: list[int], tokens: list[int], eos: set[int], max_new: int) -> list[int]:
+    """Append tokens to ``out`` up to the first EOS or ``max_new``; return what was appended."""
+    taken = []
+    for tok in tokens:
+        if len(out) >= max_new or (out and out[-1] in eos):
+            break
+        out.append(tok)
+        taken.append(tok)
+    return taken
+
+
+def _root_only(anchor: int) -> Tree:
+    return Tree.from_lists([anchor], [-1])
+
+
+def _verify(target: Target, tree: Tree, cache, taps: tuple[int, ...]):
+    past = cache.get_seq_length()
+    mask = None if len(tree) == 1 else tree_attention_mask(tree, past, target.dtype)
+    return past, target.forward(tree.tokens, cache, positions=tree.depth + past, mask=mask, taps=taps)
+
+
+@torch.no_grad()
+def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new_tokens: int = 256,
+             temperature: float = 0.0, seed: int | None = None) -> Result:
+    """Speculative decoding of ``prompt`` (text through the chat template, or a 1-D id tensor).
+
+    ``proposer=None`` decodes autoregressively (one root-only tree per round). Greedy output equals
+    plain greedy decoding; with temperature > 0 each token is the target's own sample.
+    """
+    ids = target.encode(prompt) if isinstance(prompt, str) else torch.as_tensor(prompt).long().flatten()
+    _check_args(target, ids.numel(), budget, max_new_tokens, temperature)
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    taps = tuple(getattr(proposer, "taps", ())) if proposer is not None else ()
+    accept = greedy_accept if temperature == 0 else (lambda t, l: sample_accept(t, l, temperature, gen))
+
+    t0 = time.perf_counter()
+    cache = target.new_cache()
+    step = target.forward(ids, cache, taps=taps)
+    out = [_pick(step.logits[-1], temperature, gen)]
+    result = Result(prompt_ids=ids.tolist(), tokens=out, text="", prefill_s=time.perf_counter() - t0)
+    state = proposer.start(ids) if proposer is not None else None
+    new_taps = step.taps
+    while len(out) < max_new_tokens and out[-1] not in target.eos_ids:
+        t1 = time.perf_counter()
+        if proposer is None:
+            tree = _root_only(out[-1])
+        else:
+            tree = proposer.propose(state, result.prompt_ids + out, new_taps, budget)
+        t2 = time.perf_counter()
+        past, step = _verify(target, tree, cache, taps)
+        path, bonus = accept(tree, step.logits)
+        compact_cache(cache, kept_positions(past, path))
+        new_taps = step.taps[path] if taps else None
+        committed = _commit(out, tree.tokens[path[1:]].tolist() + [bonus], target.eos_ids, max_new_tokens)
+        choice = step.logits.argmax(-1).tolist()
+        result.rounds.append(Round(tree, path, committed, choice, t2 - t1, time.perf_counter() - t2))
+    result.text = target.decode(out)
+    return result

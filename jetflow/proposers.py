@@ -1,0 +1,111 @@
+"""Proposers: whatever drafts a tree for the decode loop.
+
+Protocol (duck-typed): ``taps`` (target decoder layers the proposer reads, empty if none),
+``start(prompt_ids) -> state`` and ``propose(state, tokens, new_taps, budget) -> Tree`` where
+``tokens`` are all committed ids (prompt + generated, the anchor last) and ``new_taps``
+(T_new, L, H) are the target taps of committed tokens not yet shown to the proposer (None when
+``taps`` is empty). The returned tree's root token must be the anchor.
+
+Training-free proposers live here; head-based ones (``jetflow``, ``dflash``, ``ddtree``) too,
+built from a trained ``DraftHead`` by ``head_proposer``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .tree import Tree, accum_logp
+
+
+@dataclass
+class RandomProposer:
+    """Random per-depth distributions through Algorithm 1: almost nothing is ever accepted."""
+    vocab_size: int
+    depths: int = 15
+    width: int = 4
+    seed: int = 0
+    taps: tuple = ()
+
+    def start(self, prompt_ids):
+        return torch.Generator().manual_seed(self.seed)
+
+    def propose(self, gen, tokens, new_taps, budget) -> Tree:
+        logp = torch.log_softmax(torch.randn(self.depths, self.vocab_size, generator=gen) * 3, -1)
+        return accum_logp(logp, budget, tokens[-1], self.width)
+
+
+@dataclass
+class OracleProposer:
+    """Replays a known continuation (e.g. the AR output) as a chain; everything is accepted.
+
+    ``wrong_at=j`` replaces the depth-j token with a wrong one, so exactly j-1 drafts are
+    accepted per round; ``siblings`` adds that many wrong siblings at every depth (a bushy tree).
+    """
+    continuation: list[int]
+    vocab_size: int
+    wrong_at: int | None = None
+    siblings: int = 0
+    taps: tuple = ()
+
+    def start(self, prompt_ids):
+        return len(prompt_ids)
+
+    def propose(self, prompt_len, tokens, new_taps, budget) -> Tree:
+        done = len(tokens) - prompt_len  # generated so far, anchor included
+        truth = self.continuation[done:done + budget]
+        tok, par, spine = [tokens[-1]], [-1], 0
+        for d, t in enumerate(truth, start=1):
+            if len(tok) - 1 >= budget:
+                break
+            tok.append((t + 1) % self.vocab_size if d == self.wrong_at else t); par.append(spine)
+            parent, spine = spine, len(tok) - 1
+            for s in range(1, self.siblings + 1):
+                if len(tok) - 1 < budget:
+                    tok.append((t + 7 * s) % self.vocab_size); par.append(parent)
+        return Tree.from_lists(tok, par)
+
+
+@dataclass
+class LookupProposer:
+    """Training-free n-gram prompt lookup (the idea behind transformers' prompt_lookup_num_tokens).
+
+    Finds earlier occurrences of the longest suffix n-gram (``max_ngram`` down to ``min_ngram``)
+    in the committed tokens and drafts what followed them; up to ``max_matches`` different
+    continuations (most recent first) are merged into a trie, ``max_len`` tokens deep.
+    """
+    max_ngram: int = 3
+    min_ngram: int = 1
+    max_matches: int = 4
+    max_len: int = 10
+    taps: tuple = ()
+
+    def start(self, prompt_ids):
+        return None
+
+    def _continuations(self, tokens: list[int]) -> list[list[int]]:
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            key, found = tokens[-n:], []
+            for i in range(len(tokens) - n - 1, -1, -1):  # most recent first, never the suffix itself
+                if tokens[i:i + n] == key:
+                    found.append(tokens[i + n:i + n + self.max_len])
+                    if len(found) == self.max_matches:
+                        break
+            if found:
+                return found
+        return []
+
+    def propose(self, state, tokens, new_taps, budget) -> Tree:
+        tok, par, index = [tokens[-1]], [-1], {}  # index: (parent node, token) -> node
+        for cont in self._continuations(tokens):
+            node = 0
+            for t in cont:
+                if (node, t) not in index:
+                    if len(tok) - 1 >= budget:
+                        break
+                    tok.append(t); par.append(node); index[(node, t)] = len(tok) - 1
+                node = index[(node, t)]
+        return Tree.from_lists(tok, par)
+
+
+TRAINING_FREE = ("random", "lookup")

