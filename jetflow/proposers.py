@@ -109,3 +109,67 @@ class LookupProposer:
 
 
 TRAINING_FREE = ("random", "lookup")
+
+
+@dataclass
+class HeadProposer:
+    """A trained draft head plus a tree builder: ``jetflow`` (causal head + Algorithm 1),
+    ``dflash`` (bidirectional head + chain), ``ddtree`` (bidirectional head + best prefixes)."""
+    head: torch.nn.Module
+    target: object
+    builder: str = "accum_logp"
+    width: int = 7
+
+    @property
+    def taps(self) -> tuple:
+        return tuple(self.head.config.target_layer_ids)
+
+    def start(self, prompt_ids):
+        return {"head": None}
+
+    def depth_logp(self, state, tokens, new_taps) -> torch.Tensor:
+        """(N-1, V) draft log-probs for depths 1..N-1 after feeding the new taps."""
+        from .head import draft_logp
+        state["head"] = self.head.extend(state["head"], new_taps.to(self.head.fc.weight.dtype))
+        model = self.target.model
+        return draft_logp(self.head, state["head"], tokens[-1], model.get_input_embeddings(),
+                          model.get_output_embeddings())
+
+    def propose(self, state, tokens, new_taps, budget) -> Tree:
+        from .tree import best_prefix, chain
+        logp = self.depth_logp(state, tokens, new_taps)
+        if self.builder == "chain":
+            return chain(logp, budget, tokens[-1])
+        if self.builder == "best_prefix":
+            return best_prefix(logp, budget, tokens[-1])
+        return accum_logp(logp, budget, tokens[-1], self.width)
+
+
+HEAD_METHODS = {"jetflow": ("jetflow", "accum_logp"), "dflash": ("dflash", "chain"),
+                "ddtree": ("dflash", "best_prefix")}  # method -> (shipped head kind, tree builder)
+METHODS = ("ar", "lookup", "random", *HEAD_METHODS)
+
+
+def shipped_head_dir(kind: str):
+    """Directory of the head shipped for the embedded target: data/heads/smollm2-135m-{kind}."""
+    from pathlib import Path
+    return Path(__file__).resolve().parent.parent / "data" / "heads" / f"smollm2-135m-{kind}"
+
+
+def make_proposer(method: str, target, *, head: str | None = None, width: int = 7):
+    """Proposer for a method name (``ar`` -> None); head methods load ``head`` (a directory or hub id,
+    default: the head shipped for the embedded target)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if method == "ar":
+        return None
+    if method == "lookup":
+        return LookupProposer()
+    if method == "random":
+        return RandomProposer(target.config.vocab_size)
+    from .head import DraftHead, check_compatible
+    kind, builder = HEAD_METHODS[method]
+    path = head or shipped_head_dir(kind)
+    draft = DraftHead.from_pretrained(str(path), dtype=target.dtype).to(target.device)
+    check_compatible(draft.config, target.config)
+    return HeadProposer(draft, target, builder, width)

@@ -1,0 +1,145 @@
+"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench``.
+
+Bad input ends with one ``error: ...`` line on stderr and exit status 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+
+EXIT_BAD_INPUT = 2
+
+
+def _quiet() -> None:
+    """Keep library chatter (GGUF progress bars, deprecation notes) off the user's screen."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _check_generate_args(args) -> None:
+    if not args.prompt or not args.prompt.strip():
+        raise ValueError("--prompt must not be empty")
+    if args.budget != "auto" and int(args.budget) < 1:
+        raise ValueError(f"--budget must be >= 1, got {args.budget}")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+
+
+def cmd_generate(args) -> int:
+    from .proposers import METHODS
+    if args.method not in METHODS:
+        raise ValueError(f"unknown method {args.method!r}; choose from {', '.join(METHODS)}")
+    _check_generate_args(args)
+    from .decode import generate
+    from .proposers import make_proposer
+    from .target import load_target
+    target = load_target(args.model, dtype=args.dtype)
+    proposer = make_proposer(args.method, target, head=args.head)
+    budget, prediction = args.budget, None
+    if budget == "auto":
+        from .budget import auto_budget
+        budget, prediction = auto_budget(target, args.method, args.prompt, head=args.head)
+    res = generate(target, args.prompt, proposer, budget=int(budget), max_new_tokens=args.max_new_tokens,
+                   temperature=args.temperature, seed=args.seed)
+    row = {"method": args.method, "budget": int(budget), "prompt": args.prompt, "tokens": res.tokens,
+           "text": res.text, "new_tokens": res.new_tokens, "rounds": len(res.rounds), "tau": res.tau,
+           "prefill_s": res.prefill_s, "decode_s": res.decode_s, "tokens_per_s": res.tokens_per_s}
+    if prediction is not None:
+        row["predicted_tokens_per_s"] = prediction
+    if args.json:
+        print(json.dumps(row))
+    else:
+        print(res.text)
+        print(f"\n[{args.method} budget={budget}] {res.new_tokens} tokens, {len(res.rounds)} rounds, "
+              f"tau={res.tau:.2f} (tokens per round incl. bonus), {res.tokens_per_s:.1f} tok/s decode",
+              file=sys.stderr)
+    return 0
+
+
+DEMO_PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring and an example.",
+    "List the planets of the solar system in order, one per line, with one fact about each.",
+)
+
+
+def cmd_demo(args) -> int:
+    from .decode import generate
+    from .proposers import make_proposer, shipped_head_dir
+    from .target import load_target
+    print("Loading the embedded target SmolLM2-135M-Instruct (fp32, ~20 s)...")
+    target = load_target(None, dtype="float32")
+    methods = ["lookup"] + [m for m, kind in (("jetflow", "jetflow"),) if shipped_head_dir(kind).exists()]
+    for prompt in DEMO_PROMPTS[: args.prompts]:
+        ar = generate(target, prompt, None, max_new_tokens=args.max_new_tokens)
+        print(f"\n> {prompt}\n{ar.text}\n")
+        print(f"  {'ar':8s} tau 1.00  {ar.tokens_per_s:6.1f} tok/s  speedup 1.00x")
+        for method in methods:
+            res = generate(target, prompt, make_proposer(method, target), budget=args.budget,
+                           max_new_tokens=args.max_new_tokens)
+            same = "identical to AR" if res.tokens == ar.tokens else "DIFFERS FROM AR"
+            print(f"  {method:8s} tau {res.tau:4.2f}  {res.tokens_per_s:6.1f} tok/s  "
+                  f"speedup {res.tokens_per_s / ar.tokens_per_s:4.2f}x  {same}")
+    print("\ntau = mean tokens committed per round incl. the bonus token; budget = draft nodes "
+          f"excluding the root ({args.budget}); speedup = decode tokens/s over AR, prefill excluded.")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jetflow", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="a short run on the embedded target: AR vs speculative")
+    d.add_argument("--prompts", type=int, default=2)
+    d.add_argument("--budget", type=int, default=16)
+    d.add_argument("--max-new-tokens", type=int, default=96)
+    d.set_defaults(func=cmd_demo)
+
+    g = sub.add_parser("generate", help="generate one answer with a chosen method")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--method", default="ar")
+    g.add_argument("--budget", default="16", help="draft nodes excluding the root, or 'auto'")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--model", default=None, help="hub id or local dir (default: embedded SmolLM2)")
+    g.add_argument("--head", default=None, help="draft head dir or hub id (default: shipped head)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.set_defaults(func=cmd_generate)
+    for register in _extra_commands():
+        register(sub)
+    return p
+
+
+def _extra_commands():
+    """Sub-commands that live beside their module (regenerate/train/bench)."""
+    from . import cli_extra
+    return cli_extra.REGISTER
+
+
+def _validate_budget(args) -> None:
+    if getattr(args, "budget", None) not in (None, "auto"):
+        try:
+            int(args.budget)
+        except ValueError:
+            raise ValueError(f"--budget must be an integer or 'auto', got {args.budget!r}") from None
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet()
+    try:
+        _validate_budget(args)
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT

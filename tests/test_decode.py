@@ -1,0 +1,106 @@
+"""Losslessness of the decode loop on tiny random targets, with stub proposers."""
+import math
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from jetflow.decode import generate
+from jetflow.proposers import LookupProposer, OracleProposer, RandomProposer
+
+PROMPTS = [[1, 400, 401, 402, 403, 400, 401], [5, 17, 900, 33, 17, 900, 33, 17], [7, 7, 7, 8]]
+NEW = 24
+
+
+def hf_greedy(target, ids, n=NEW):
+    out = target.model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+def stub_proposers(target, ref):
+    v = target.config.vocab_size
+    return {"random": RandomProposer(v, width=3), "oracle": OracleProposer(ref, v),
+            "oracle-wrong-at-3": OracleProposer(ref, v, wrong_at=3, siblings=2),
+            "oracle-wrong-at-1": OracleProposer(ref, v, wrong_at=1), "lookup": LookupProposer()}
+
+
+@pytest.mark.parametrize("budget", [1, 4, 16])
+@pytest.mark.parametrize("ids", PROMPTS)
+def test_greedy_equals_hf_generate(tiny_target, ids, budget):
+    ref = hf_greedy(tiny_target, ids)
+    assert generate(tiny_target, torch.tensor(ids), None, max_new_tokens=NEW).tokens == ref
+    for name, proposer in stub_proposers(tiny_target, ref).items():
+        res = generate(tiny_target, torch.tensor(ids), proposer, budget=budget, max_new_tokens=NEW)
+        assert res.tokens == ref, name
+
+
+def test_acceptance_of_stub_proposers(tiny_target):
+    ids = PROMPTS[0]
+    ref = hf_greedy(tiny_target, ids)
+    props = stub_proposers(tiny_target, ref)
+    oracle = generate(tiny_target, torch.tensor(ids), props["oracle"], budget=7, max_new_tokens=NEW)
+    assert all(len(r.committed) == 8 for r in oracle.rounds[:-1])  # everything accepted + bonus
+    wrong = generate(tiny_target, torch.tensor(ids), props["oracle-wrong-at-3"], budget=12, max_new_tokens=NEW)
+    assert all(r.accepted == 2 for r in wrong.rounds[:-1])  # depths 1-2 accepted, 3 rejected
+    first = generate(tiny_target, torch.tensor(ids), props["oracle-wrong-at-1"], budget=5, max_new_tokens=NEW)
+    assert first.tau == 1.0
+
+
+def test_ar_rounds_commit_one_token(tiny_target):
+    res = generate(tiny_target, torch.tensor(PROMPTS[1]), None, max_new_tokens=10)
+    assert res.tau == 1.0 and len(res.rounds) == res.new_tokens - 1
+
+
+def exact_prefix_probs(target, ids, length, temperature):
+    """Exact probability of every token sequence of ``length`` under the target (tiny vocab)."""
+    probs = {(): 1.0}
+    for _ in range(length):
+        nxt = {}
+        for seq, p in probs.items():
+            logits = target.model(torch.tensor([ids + list(seq)])).logits[0, -1]
+            q = torch.softmax(logits / temperature, -1)
+            for tok in range(q.numel()):
+                nxt[seq + (tok,)] = p * q[tok].item()
+        probs = nxt
+    return probs
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampling_matches_target_distribution(small_vocab_target, temperature):
+    """Sample-and-match over a bushy tree yields the target's own distribution (chi-square)."""
+    target, ids, n_samples = small_vocab_target, [1, 2, 3], 1500
+    exact = exact_prefix_probs(target, ids, 3, temperature)
+    proposer = RandomProposer(6, depths=4, width=3)
+    counts, accepted = Counter(), 0
+    for s in range(n_samples):
+        res = generate(target, torch.tensor(ids), proposer, budget=12, max_new_tokens=3,
+                       temperature=temperature, seed=s)
+        counts[tuple(res.tokens)] += 1
+        accepted += sum(r.accepted for r in res.rounds)
+    assert accepted > n_samples // 2, "the tree must actually be exercised"
+    keys = sorted(exact)
+    observed = [counts[k] for k in keys]
+    expected = [exact[k] * n_samples for k in keys]
+    # pool rare cells so every expected count is >= 5
+    big = [i for i, e in enumerate(expected) if e >= 5]
+    obs = [observed[i] for i in big] + [n_samples - sum(observed[i] for i in big)]
+    exp = [expected[i] for i in big] + [n_samples - sum(expected[i] for i in big)]
+    assert math.isclose(sum(exact.values()), 1.0, rel_tol=1e-4)
+    assert chisquare(obs, exp).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"budget": 0}, "budget must be >= 1, got 0"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be >= 1, got 0"),
+    ({"temperature": -0.5}, "temperature must be >= 0"),
+    ({"max_new_tokens": 600}, "exceeds the model's context"),
+])
+def test_bad_arguments(tiny_target, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate(tiny_target, torch.tensor([1, 2, 3]), LookupProposer(), **kwargs)
+
+
+def test_empty_prompt_rejected(tiny_target):
+    with pytest.raises(ValueError, match="non-empty"):
+        generate(tiny_target, "   ", None)
