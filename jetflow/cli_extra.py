@@ -12,7 +12,8 @@ def cmd_regenerate(args) -> int:
     out = Path(args.out) if args.out else cache_dir() / f"regen-{args.n}.jsonl"
     prompts = training_prompts(args.n, seed=args.seed, data_dir=args.data_dir)
     target = load_target(args.model, dtype=args.dtype)
-    regenerate(target, prompts, out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
+    regenerate(target, prompts, out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+               max_prompt_tokens=args.max_prompt_tokens)
     print(out)
     return 0
 
@@ -23,6 +24,7 @@ def add_regenerate(sub) -> None:
     r.add_argument("--out", default=None)
     r.add_argument("--batch-size", type=int, default=16)
     r.add_argument("--max-new-tokens", type=int, default=192)
+    r.add_argument("--max-prompt-tokens", type=int, default=512)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--data-dir", default=None)
     r.add_argument("--model", default=None)
@@ -30,4 +32,91 @@ def add_regenerate(sub) -> None:
     r.set_defaults(func=cmd_regenerate)
 
 
-REGISTER = [add_regenerate]
+def cmd_bench(args) -> int:
+    from . import bench
+    from .target import load_target
+    cfg = bench.resolve_preset(args.preset, {
+        "methods": args.methods, "datasets": args.datasets, "budgets": args.budgets, "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens, "prompts_file": args.prompts_file, "dtype": args.dtype,
+        "model": args.model, "data_dir": args.data_dir,
+        "heads": {k: v for k, v in (("jetflow", args.jetflow_head), ("dflash", args.dflash_head)) if v}})
+    prompts = bench.prompt_sets(cfg)
+    target = load_target(cfg["model"], dtype=cfg["dtype"], device=cfg["device"],
+                         chat_kwargs=cfg.get("chat_template_kwargs"))
+    rows = bench.run_settings(target, cfg, prompts, progress=not args.json)
+    if args.out:
+        print(f"wrote {bench.write(rows, args.out)}", file=sys.stderr)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        print(bench.to_markdown(rows))
+    return 0
+
+
+def add_bench(sub) -> None:
+    b = sub.add_parser("bench", help="tau and speedup tables: methods x datasets x budgets")
+    b.add_argument("--preset", default="cpu", help="cpu (embedded target) or qwen3-8b (GPU)")
+    b.add_argument("--methods", default=None, help="comma list: ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow")
+    b.add_argument("--datasets", default=None, help="comma list: gsm8k,math500,humaneval,mbpp,mt_bench,spec_bench")
+    b.add_argument("--budgets", default=None, help="comma list, e.g. 16,32,64,128,255, or 'auto'")
+    b.add_argument("--limit", type=int, default=None, help="first N prompts of each dataset")
+    b.add_argument("--max-new-tokens", type=int, default=None)
+    b.add_argument("--prompts-file", default=None, help='JSONL of {"id", "prompt"} per line')
+    b.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    b.add_argument("--model", default=None)
+    b.add_argument("--jetflow-head", default=None)
+    b.add_argument("--dflash-head", default=None)
+    b.add_argument("--data-dir", default=None)
+    b.add_argument("--out", default=None, help="write rows.json and table.md here")
+    b.add_argument("--json", action="store_true", help="one JSON row per line")
+    b.set_defaults(func=cmd_bench)
+
+
+def train_config(args):
+    """TrainConfig from parsed ``train`` arguments: the preset, then ``--set``, then the named flags."""
+    import dataclasses
+    from .train import TrainConfig, parse_set
+    flags = {"model": args.model, "causal": args.causal, "gamma": args.gamma, "loss": args.loss,
+             "steps": args.steps, "lr": args.lr, "anchors_per_seq": args.anchors,
+             "seqs_per_step": args.seqs_per_step, "eval_every": args.eval_every,
+             "save_every": args.save_every, "seed": args.seed}
+    cfg = parse_set(TrainConfig.from_name(args.preset, data=args.data, out=args.out), args.set)
+    return dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})
+
+
+def cmd_train(args) -> int:
+    from .train import train
+    cfg = train_config(args)
+    _, history = train(cfg)
+    print(json.dumps({k: history[-1][k] for k in ("step", "loss", "acc", "sim_tau")}))
+    print(Path(cfg.out) / "PROVENANCE.md" if history[-1]["step"] == cfg.steps else Path(cfg.out))
+    return 0
+
+
+def add_train(sub) -> None:
+    t = sub.add_parser("train", help="train a draft head on regenerated data (rerun to resume)")
+    t.add_argument("--data", required=True, help="regenerated JSONL (python -m jetflow regenerate)")
+    t.add_argument("--out", required=True, help="output dir; rerunning resumes from its checkpoint")
+    t.add_argument("--preset", default="cpu", help="smoke | cpu | paper (default: cpu)")
+    mode = t.add_mutually_exclusive_group()
+    mode.add_argument("--causal", dest="causal", action="store_const", const=True, default=None,
+                      help="JetFlow's causal block (the default)")
+    mode.add_argument("--bidirectional", dest="causal", action="store_const", const=False,
+                      help="DFlash's bidirectional block")
+    t.add_argument("--gamma", type=float, default=None, help="depth weights exp(-(k-1)/gamma); 0 = uniform")
+    t.add_argument("--loss", choices=["kl", "ce"], default=None)
+    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--lr", type=float, default=None)
+    t.add_argument("--anchors", type=int, default=None, help="anchors per sequence")
+    t.add_argument("--seqs-per-step", type=int, default=None)
+    t.add_argument("--eval-every", type=int, default=None)
+    t.add_argument("--save-every", type=int, default=None)
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--model", default=None, help="target hub id or local dir (default: embedded SmolLM2)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other TrainConfig field, e.g. --set max_len=256 (repeatable)")
+    t.set_defaults(func=cmd_train)
+
+
+REGISTER = [add_regenerate, add_train, add_bench]

@@ -151,9 +151,12 @@ METHODS = ("ar", "lookup", "random", *HEAD_METHODS)
 
 
 def shipped_head_dir(kind: str):
-    """Directory of the head shipped for the embedded target: data/heads/smollm2-135m-{kind}."""
+    """Directory of the head shipped for the embedded target: data/heads/smollm2-135m-{kind}
+    (``$JETFLOW_HEADS_DIR`` replaces data/heads, e.g. to try freshly trained heads)."""
+    import os
     from pathlib import Path
-    return Path(__file__).resolve().parent.parent / "data" / "heads" / f"smollm2-135m-{kind}"
+    root = os.environ.get("JETFLOW_HEADS_DIR") or Path(__file__).resolve().parent.parent / "data" / "heads"
+    return Path(root) / f"smollm2-135m-{kind}"
 
 
 def make_proposer(method: str, target, *, head: str | None = None, width: int = 7):

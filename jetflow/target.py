@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -51,6 +51,7 @@ class Target:
     model: torch.nn.Module
     tokenizer: object
     name: str
+    chat_kwargs: dict = field(default_factory=dict)  # extra chat-template switches, e.g. enable_thinking
 
     @property
     def config(self):
@@ -81,7 +82,8 @@ class Target:
             raise ValueError("prompt must be a non-empty string")
         if chat and getattr(self.tokenizer, "chat_template", None):
             text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True,
+                **self.chat_kwargs)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
             ids = self.tokenizer(prompt)["input_ids"]
@@ -138,7 +140,9 @@ def _load(name: str | None, dtype: str, device: str | None) -> Target:
     return Target(model=model, tokenizer=tok, name=label)
 
 
-def load_target(name: str | None = None, *, dtype: str = "float32", device: str | None = None) -> Target:
+def load_target(name: str | None = None, *, dtype: str = "float32", device: str | None = None,
+                chat_kwargs: dict | None = None) -> Target:
     """Load (once per process) the target: None = the embedded SmolLM2-135M-Instruct GGUF,
-    otherwise a hub id or a local directory."""
-    return _load(name, dtype, device)
+    otherwise a hub id or a local directory. ``chat_kwargs`` go to the chat template
+    (e.g. ``{"enable_thinking": False}`` for Qwen3)."""
+    return replace(_load(name, dtype, device), chat_kwargs=dict(chat_kwargs or {}))

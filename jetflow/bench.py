@@ -1,0 +1,404 @@
+"""Benchmarks: every method on the same prompts, interleaved, returned as rows of plain dicts.
+
+    rows = run(target, ["ar", "lookup"], {"gsm8k": load_prompts("gsm8k", limit=4)}, [16, 64])
+    print(to_markdown(rows)); write(rows, "data/results/cpu")
+
+One row per method x dataset x budget; the budget-free methods (``ar``, ``hf``, ``hf-lookup``) get
+one row with budget None. AR always runs: it is the reference. Prompts are interleaved: every
+configuration decodes prompt i back to back, AR first, before prompt i+1 starts, so machine drift
+hits all configurations alike. A configuration's decode speed is its total decode tokens over its
+total decode seconds, and its speedup that speed over AR's on the same prompts in the same run;
+prefill is excluded and reported apart. ``hf`` and ``hf-lookup`` time transformers' own
+``generate`` (plain greedy or sampling; ``prompt_lookup_num_tokens=10``), where prefill cannot be
+separated: their decode_s is the total time and their tokens/s counts every new token.
+
+``run_auto`` picks each tree method's budget with ``budget.py`` first. ``PRESETS`` name whole setups
+(``cpu``, ``qwen3-8b``); ``resolve_preset`` -> ``prompt_sets`` -> ``run_settings`` is the CLI path.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from .decode import Round, generate
+from .proposers import HEAD_METHODS, METHODS, make_proposer
+from .target import DTYPES, Target
+
+CONVENTIONS = ("tau = mean tokens committed per round including the bonus token; budget = draft nodes "
+               "excluding the root; speedup = decode tokens/s over AR in the same run, prefill excluded")
+HF_METHODS = {"hf": {}, "hf-lookup": {"prompt_lookup_num_tokens": 10}}  # method -> extra generate kwargs
+HF_NOTE = "transformers generate: prefill not separable, decode_s is the total time"
+BUDGET_FREE = ("ar", *HF_METHODS)
+ALL_METHODS = ("ar", *HF_METHODS, *(m for m in METHODS if m != "ar"))
+
+
+# ----------------------------------------------------------------------------- aggregation (pure)
+def tau(rounds: Sequence[Round]) -> float | None:
+    """Mean tokens committed per round, bonus included; None without rounds (hf)."""
+    return sum(len(r.committed) for r in rounds) / len(rounds) if rounds else None
+
+
+def tau_hist(rounds: Sequence[Round]) -> dict[int, int]:
+    """Tokens committed in a round -> number of such rounds, ascending."""
+    return dict(sorted(Counter(len(r.committed) for r in rounds).items()))
+
+
+def depth_accept(rounds: Sequence[Round]) -> list[float | None]:
+    """Entry d-1: of the rounds that accepted depth d-1 and drafted a child of that accepted node,
+    the fraction that accepted depth d (None where no round had that chance)."""
+    deepest = max((int(r.tree.depth.max()) for r in rounds), default=0)
+    tried, hit = [0] * deepest, [0] * deepest
+    for r in rounds:
+        parents = set(r.tree.parents.tolist())
+        for d, node in enumerate(r.path[:deepest], start=1):  # node sits at depth d-1
+            if node not in parents:
+                break
+            tried[d - 1] += 1
+            hit[d - 1] += len(r.path) > d
+    return [h / t if t else None for h, t in zip(hit, tried)]
+
+
+def verify_tokens(rounds: Sequence[Round]) -> float | None:
+    """Mean tokens the target verified per round (tree nodes including the root)."""
+    return sum(len(r.tree) for r in rounds) / len(rounds) if rounds else None
+
+
+def throughput(tokens: int, seconds: float) -> float | None:
+    """Tokens per second; None when nothing was timed (e.g. max_new_tokens=1 leaves no round)."""
+    return tokens / seconds if seconds > 0 else None
+
+
+def speedup(tokens: int, seconds: float, ar_tokens: int, ar_seconds: float) -> float | None:
+    """(tokens / seconds) / (ar_tokens / ar_seconds): totals over the same prompts, then the ratio."""
+    rate, ar_rate = throughput(tokens, seconds), throughput(ar_tokens, ar_seconds)
+    return rate / ar_rate if rate is not None and ar_rate else None
+
+
+@dataclass
+class Run:
+    """One prompt decoded by one configuration."""
+    tokens: list[int]          # generated ids
+    decode_tokens: int         # tokens produced inside the timed decode region
+    decode_s: float
+    prefill_s: float | None    # None where not separable (hf)
+    rounds: list[Round] = field(default_factory=list)  # empty for hf
+
+
+def summarize(runs: Sequence[Run], ar_runs: Sequence[Run]) -> dict:
+    """Row statistics of one configuration against the AR runs of the same prompts."""
+    rounds = [r for run in runs for r in run.rounds]
+    tokens, secs = sum(r.decode_tokens for r in runs), sum(r.decode_s for r in runs)
+    ar_tokens, ar_secs = sum(r.decode_tokens for r in ar_runs), sum(r.decode_s for r in ar_runs)
+    prefill = [r.prefill_s for r in runs]
+    return {"n_prompts": len(runs), "new_tokens": sum(len(r.tokens) for r in runs), "tau": tau(rounds),
+            "tau_hist": tau_hist(rounds), "depth_accept": depth_accept(rounds),
+            "verify_tokens": verify_tokens(rounds),
+            "prefill_s": None if None in prefill else sum(prefill), "decode_s": secs,
+            "tokens_per_s": throughput(tokens, secs), "speedup": speedup(tokens, secs, ar_tokens, ar_secs),
+            "identical_to_ar": sum(a.tokens == b.tokens for a, b in zip(runs, ar_runs))}
+
+
+# ----------------------------------------------------------------------------- environment
+def hardware() -> str:
+    """CPU model and core count, plus the GPU name when CUDA is present."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                 if l.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    text = f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    if torch.cuda.is_available():
+        text += f"; GPU {torch.cuda.get_device_name()}"
+    return text
+
+
+def environment(target: Target) -> dict:
+    return {"dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
+            "torch": torch.__version__, "transformers": transformers.__version__, "hardware": hardware()}
+
+
+# ----------------------------------------------------------------------------- running
+@dataclass
+class Config:
+    method: str
+    budget: int | None         # None for budget-free methods
+    proposer: object = None    # None for ar and hf methods
+
+
+def head_for(method: str, heads: Mapping[str, str] | None) -> str | None:
+    """The head path of a head method: ``heads`` is keyed by head kind (ddtree uses the dflash head)."""
+    return (heads or {}).get(HEAD_METHODS[method][0]) if method in HEAD_METHODS else None
+
+
+def configs(target: Target, methods: Sequence[str], budgets, heads=None) -> list[Config]:
+    """AR first, then each method in the given order; ``budgets`` is a list or method -> list."""
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
+    out = [Config("ar", None)]
+    for m in dict.fromkeys(methods):
+        if m in HF_METHODS:
+            out.append(Config(m, None))
+        elif m != "ar":
+            sizes = list(budgets.get(m, ()) if isinstance(budgets, Mapping) else budgets)
+            if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
+                raise ValueError(f"method {m!r} needs budgets >= 1, got {sizes}")
+            proposer = make_proposer(m, target, head=head_for(m, heads))
+            out += [Config(m, b, proposer) for b in sizes]
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def hf_generate(target: Target, ids: torch.Tensor, max_new_tokens: int, temperature: float,
+                seed: int | None, **extra) -> Run:
+    """transformers ``generate`` on the same ids and stop tokens, timed end to end."""
+    inp = ids[None].to(target.device)
+    if temperature > 0:  # plain softmax sampling, as in our loop
+        mode = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    else:
+        mode = dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    if seed is not None:
+        torch.manual_seed(seed)
+    eos = sorted(target.eos_ids)
+    _sync(target.device)
+    t0 = time.perf_counter()
+    out = target.model.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=max_new_tokens,
+                                eos_token_id=eos, pad_token_id=eos[0], **mode, **extra)
+    _sync(target.device)
+    seconds = time.perf_counter() - t0
+    tokens = out[0, ids.numel():].tolist()
+    return Run(tokens, len(tokens), seconds, None)
+
+
+def run_config(target: Target, cfg: Config, ids: torch.Tensor, max_new_tokens: int, temperature: float,
+               seed: int | None) -> Run:
+    """Decode one prompt (1-D ids) with one configuration."""
+    if cfg.method in HF_METHODS:
+        return hf_generate(target, ids, max_new_tokens, temperature, seed, **HF_METHODS[cfg.method])
+    res = generate(target, ids, cfg.proposer, budget=cfg.budget or 1, max_new_tokens=max_new_tokens,
+                   temperature=temperature, seed=seed)
+    return Run(res.tokens, sum(len(r.committed) for r in res.rounds), res.decode_s, res.prefill_s, res.rounds)
+
+
+def _encode_all(target: Target, prompts_by_dataset, room: int) -> dict[str, list[torch.Tensor]]:
+    """Token ids of every prompt; fails before any timing if one leaves no room for decoding."""
+    out = {}
+    for ds, prompts in prompts_by_dataset.items():
+        if not prompts:
+            raise ValueError(f"dataset {ds!r} has no prompts")
+        out[ds] = [target.encode(p["prompt"]) for p in prompts]
+        for p, ids in zip(prompts, out[ds]):
+            if ids.numel() + room > target.max_context:
+                raise ValueError(f"prompt {p.get('id', '?')!r} ({ids.numel()} tokens) + {room} tokens of "
+                                 f"decoding exceeds the model's context of {target.max_context}")
+    return out
+
+
+def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str, Sequence[dict]], budgets, *,
+        max_new_tokens: int = 256, heads: Mapping[str, str] | None = None, temperature: float = 0.0,
+        progress: bool = True, warmup: bool = True) -> list[dict]:
+    """Benchmark rows, one per configuration x dataset (see the module docstring).
+
+    ``prompts_by_dataset``: dataset -> [{"id", "prompt"}, ...]; ``budgets``: list of ints or
+    method -> list; ``heads``: head kind (jetflow, dflash) -> directory or hub id; ``warmup`` decodes
+    a few untimed tokens of the first prompt with every configuration first.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    cfgs = configs(target, methods, budgets, heads)
+    encoded = _encode_all(target, prompts_by_dataset, max_new_tokens + max(c.budget or 1 for c in cfgs) + 1)
+    if warmup:
+        first = next(iter(encoded.values()))[0]
+        for cfg in cfgs:
+            run_config(target, cfg, first, min(4, max_new_tokens), temperature, 0)
+    runs: dict[tuple[str, int], list[Run]] = {(ds, k): [] for ds in encoded for k in range(len(cfgs))}
+    bar = tqdm(total=sum(map(len, encoded.values())) * len(cfgs), disable=not progress, unit="gen")
+    for ds, prompts in encoded.items():
+        for i, ids in enumerate(prompts):
+            for k, cfg in enumerate(cfgs):
+                bar.set_description(f"{cfg.method}{'' if cfg.budget is None else f'@{cfg.budget}'} "
+                                    f"{ds} prompt {i + 1}/{len(prompts)}")
+                runs[ds, k].append(run_config(target, cfg, ids, max_new_tokens, temperature, i))
+                bar.update()
+    bar.close()
+    env = environment(target)
+    return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget, **summarize(runs[ds, k], runs[ds, 0]),
+             **env, **({"note": HF_NOTE} if cfg.method in HF_METHODS else {})}
+            for ds in encoded for k, cfg in enumerate(cfgs)]
+
+
+def calibration_prompts(prompts_by_dataset: Mapping[str, Sequence[dict]], n: int) -> list[dict]:
+    """``n`` prompts taken round-robin across datasets (first prompts first)."""
+    lists = [list(p) for p in prompts_by_dataset.values()]
+    pool = [ps[i] for i in range(max(map(len, lists), default=0)) for ps in lists if i < len(ps)]
+    return pool[:n]
+
+
+def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets: Sequence[int], *,
+             heads=None, temperature: float = 0.0, calib_prompts: int = 3, calib_new_tokens: int = 64,
+             cost_by_size: Mapping[int, float] | None = None, **kwargs) -> list[dict]:
+    """``--budgets auto``: calibrate tau(budget) of each tree method on a few prompts, time the verify
+    step at every candidate size (unless ``cost_by_size`` is given), run each method at its predicted
+    best budget, and put the prediction beside the measurement (``predicted_tokens_per_s``,
+    ``auto_budget``, ``auto_table``). Other keyword arguments go to ``run``."""
+    from . import budget as bud
+    sample = calibration_prompts(prompts_by_dataset, calib_prompts)
+    cost = cost_by_size
+    if cost is None:
+        sizes = sorted({1, *(b + 1 for b in budgets)})
+        cost = bud.measure_verify_cost(target, sizes, past_len=min(256, target.max_context - sizes[-1]))
+    picked, tables = {}, {"ar": [{"budget": None, "predicted_tokens_per_s": 1 / bud.interp_cost(cost, 1)}]}
+    for m in (m for m in dict.fromkeys(methods) if m not in BUDGET_FREE):
+        cal = bud.calibrate(target, m, sample, budgets, max_new_tokens=calib_new_tokens, temperature=temperature,
+                            head=head_for(m, heads))
+        best, tables[m] = bud.pick_budget(cal.tau, cost, draft_s=cal.draft_s)
+        picked[m] = [best]
+    rows = run(target, methods, prompts_by_dataset, picked, heads=heads, temperature=temperature, **kwargs)
+    for row in rows:
+        table = tables.get(row["method"])
+        pred = next((t["predicted_tokens_per_s"] for t in table or [] if t["budget"] == row["budget"]), None)
+        row.update(predicted_tokens_per_s=pred, auto_budget=row["method"] in picked, auto_table=table)
+    return rows
+
+
+# ----------------------------------------------------------------------------- presets
+BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
+PRESETS = {
+    "cpu": {  # the embedded SmolLM2-135M on this kind of machine (see FIELD_NOTES.md)
+        "model": None, "dtype": "float32", "device": None,  # fp32: greedy output must equal AR exactly
+        "methods": ("ar", "hf", "hf-lookup", "lookup", "jetflow", "dflash", "ddtree"),
+        "datasets": BENCHMARKS, "limit": 5, "max_new_tokens": 128, "budgets": (16, 32, 64), "auto": False,
+        "heads": {},  # empty: the heads shipped under data/heads
+        "temperature": 0.0, "chat_template_kwargs": {}, "prompts_file": None, "data_dir": None,
+    },
+    "qwen3-8b": {  # the paper's headline setting (METHOD.md section 7)
+        "model": "Qwen/Qwen3-8B", "dtype": "bfloat16", "device": "cuda",
+        "methods": ("ar", "dflash", "ddtree", "jetflow"),
+        "datasets": BENCHMARKS, "limit": None, "max_new_tokens": 3072, "budgets": (16, 32, 64, 128, 255),
+        "auto": False, "heads": {"jetflow": "JetSpec/jetspec-qwen3-8b", "dflash": "z-lab/Qwen3-8B-DFlash-b16"},
+        "temperature": 0.0, "chat_template_kwargs": {"enable_thinking": False}, "prompts_file": None,
+        "data_dir": None,
+    },
+}
+
+
+def _as_tuple(value) -> tuple:
+    return tuple(v.strip() for v in value.split(",") if v.strip()) if isinstance(value, str) else tuple(value)
+
+
+def resolve_preset(name: str, overrides: Mapping | None = None) -> dict:
+    """A preset's settings with ``overrides`` applied (None values are skipped), checked.
+
+    ``budgets`` may be a list, a comma string ("16,32") or "auto" (auto=True, candidates = the
+    preset's budgets); ``heads`` overrides merge into the preset's heads.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    cfg = copy.deepcopy(PRESETS[name])
+    for key, value in (overrides or {}).items():
+        if key not in cfg:
+            raise ValueError(f"unknown setting {key!r}; settings are {', '.join(cfg)}")
+        if value is None:
+            continue
+        if key == "budgets" and value == "auto":
+            cfg["auto"] = True
+        elif key == "heads":
+            cfg["heads"] = {**cfg["heads"], **value}
+        else:
+            cfg[key] = value
+    cfg["methods"], cfg["datasets"] = _as_tuple(cfg["methods"]), _as_tuple(cfg["datasets"])
+    cfg["budgets"] = tuple(int(b) for b in _as_tuple(cfg["budgets"]))
+    _check_settings(cfg)
+    return cfg
+
+
+def _check_settings(cfg: dict) -> None:
+    bad = [m for m in cfg["methods"] if m not in ALL_METHODS]
+    if bad:
+        raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(ALL_METHODS)}")
+    if cfg["dtype"] not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {cfg['dtype']!r}")
+    if not cfg["budgets"] or min(cfg["budgets"]) < 1:
+        raise ValueError(f"budgets must be >= 1, got {cfg['budgets']}")
+    if cfg["max_new_tokens"] < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {cfg['max_new_tokens']}")
+    if cfg["limit"] is not None and cfg["limit"] < 1:
+        raise ValueError(f"limit must be >= 1, got {cfg['limit']}")
+    if cfg["temperature"] < 0:
+        raise ValueError(f"temperature must be >= 0, got {cfg['temperature']}")
+    if cfg["prompts_file"] is None:
+        from .data import DATASETS
+        bad = [d for d in cfg["datasets"] if d not in DATASETS]
+        if bad:
+            raise ValueError(f"unknown dataset(s) {bad}; choose from {', '.join(DATASETS)}")
+
+
+def prompt_sets(cfg: Mapping) -> dict[str, list[dict]]:
+    """dataset -> prompts for resolved settings: the prompts file (named by its stem) or the datasets."""
+    from . import data
+    if cfg["prompts_file"] is not None:
+        return {Path(cfg["prompts_file"]).stem: data.load_prompts_file(cfg["prompts_file"])[:cfg["limit"]]}
+    return {d: data.load_prompts(d, limit=cfg["limit"], data_dir=cfg["data_dir"]) for d in cfg["datasets"]}
+
+
+def run_settings(target: Target, cfg: Mapping, prompts_by_dataset, *, progress: bool = True) -> list[dict]:
+    """``run`` (or ``run_auto`` when ``cfg["auto"]``) with resolved settings."""
+    kwargs = dict(max_new_tokens=cfg["max_new_tokens"], heads=cfg["heads"], temperature=cfg["temperature"],
+                  progress=progress)
+    bench = run_auto if cfg["auto"] else run
+    return bench(target, cfg["methods"], prompts_by_dataset, cfg["budgets"], **kwargs)
+
+
+# ----------------------------------------------------------------------------- rendering
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def to_markdown(rows: Sequence[dict]) -> str:
+    """A markdown table of the rows, the tau/budget/speedup conventions above it, the setup below."""
+    predicted = any("predicted_tokens_per_s" in r for r in rows)
+    head = ["method", "dataset", "budget", "n", "new tokens", "tau", "verify tokens", "prefill s", "decode s",
+            "tokens/s", *(["predicted tokens/s"] if predicted else []), "speedup", "identical to AR"]
+    lines = [CONVENTIONS + ".", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["method"], r["dataset"], _fmt(r["budget"]), _fmt(r["n_prompts"]), _fmt(r["new_tokens"]),
+                 _fmt(r["tau"]), _fmt(r["verify_tokens"], 1), _fmt(r["prefill_s"]), _fmt(r["decode_s"]),
+                 _fmt(r["tokens_per_s"], 1), *([_fmt(r.get("predicted_tokens_per_s"), 1)] if predicted else []),
+                 _fmt(r["speedup"]) + ("x" if r["speedup"] is not None else ""),
+                 f"{r['identical_to_ar']}/{r['n_prompts']}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if rows:
+        r = rows[0]
+        lines += ["", f"{r['dtype']} on {r['device']} ({r['hardware']}); torch {r['torch']}, "
+                      f"transformers {r['transformers']}."]
+    notes = sorted({f"{r['method']}: {r['note']}" for r in rows if r.get("note")})
+    lines += [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def write(rows: Sequence[dict], out_dir: str | os.PathLike) -> Path:
+    """Write ``rows.json`` (the list of rows) and ``table.md`` under ``out_dir``; returns the folder."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rows.json").write_text(json.dumps(list(rows), indent=2) + "\n")
+    (out / "table.md").write_text(to_markdown(rows))
+    return out

@@ -1,0 +1,522 @@
+"""Train a draft head on the target's own answers (METHOD.md section 4).
+
+    cfg = TrainConfig.from_name("cpu", data="regen.jsonl", out="runs/jf")  # vary with dataclasses.replace
+    head, history = train(cfg)  # out/: checkpoint/, history.jsonl, config.json + model.safetensors (bf16),
+                                #       provenance.json, PROVENANCE.md; rerunning resumes exactly
+
+Per sequence ids (S,) = prompt + regenerated response: one frozen target forward gives the taps
+(S, L, H) and the teacher logits (S, V); nb random anchors inside the response each open a block
+``[anchor, MASK x (N-1)]``; the head runs all blocks in one pass under ``training_mask``, and the
+target's frozen lm_head turns slots 1..D (D = N-1) into logits (nb, D, V). Slot k of the block at
+anchor a predicts token a+k (teacher: target logits at a+k-1); slots past the end are masked; depth k
+weighs exp(-(k-1)/gamma) (gamma 0 = uniform).
+
+Target features are computed on the fly, not cached on disk: a cache holds S*L*H taps per sequence
+plus, for the KL loss, S*V teacher logits (~100 MB per 512-token SmolLM2 sequence; more for a bigger
+vocabulary), while the bf16 target forward is a small share of a step: on SmolLM2 with 4 sequences
+x 32 anchors, ~0.19 s of ~1 s per sequence (~15-20%, 1 thread); the head's pass, the full-vocabulary
+log-softmax of the loss and the backward dominate. The target runs under no_grad and its embedding
+and lm_head enter the graph detached: only head parameters get gradients.
+
+Resume is exact: data order and anchors are pure functions of (seed, data position), and the
+checkpoint holds the head, AdamW, scheduler and RNG states (``accelerate.save_state``).
+CPU note: beside another torch job on 2 cores, run with OMP_NUM_THREADS=1; oversubscribed threads
+made one 180-token SmolLM2 forward take 7.6 s instead of 0.15 s.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import shlex
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from jetflow.data import load_regenerated
+from jetflow.head import DraftHead, HeadConfig, block_positions, init_from_target, training_mask
+from jetflow.target import DTYPES, load_target
+
+TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
+            "of the argmax at every depth (budget N-1 draft nodes, root excluded)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str = ""                # regenerated JSONL (python -m jetflow regenerate)
+    out: str = ""                 # output dir: checkpoint, history, head, provenance
+    model: str | None = None      # target: None = the embedded SmolLM2-135M-Instruct
+    dtype: str = "bfloat16"       # frozen target forward only; head params and AdamW stay fp32
+    causal: bool = True           # JetFlow; False = DFlash's bidirectional block
+    num_layers: int = 2           # draft decoder layers (= taps)
+    block_size: int = 16          # N: anchor + 15 draftable depths
+    gamma: float = 0.0            # depth weights exp(-(k-1)/gamma); 0 = uniform (JetFlow), DFlash uses 7
+    loss: str = "kl"              # "kl": forward KL to the target's distribution; "ce": regenerated tokens
+    anchors_per_seq: int = 512    # random anchors inside each response (paper: up to 512)
+    seqs_per_step: int = 16       # sequences per optimiser step (accumulated, split across processes)
+    steps: int = 300_000          # ~800K examples x 6 epochs / 16
+    lr: float = 3e-4              # peak AdamW lr, weight decay 0
+    warmup: float = 0.04          # warmup fraction of the steps, then cosine to 0
+    grad_clip: float = 1.0
+    max_len: int = 3072           # truncate prompt + response
+    init: str = "target"          # "target": init_from_target; "random" stalls (FIELD_NOTES.md)
+    seed: int = 0
+    eval_every: int = 1000        # steps between evaluations (step 0 and the last step always)
+    eval_seqs: int = 64           # held out: the last eval_seqs rows of the file, never trained on
+    eval_stride: int = 1          # evaluation anchors at every eval_stride-th response position
+    save_every: int = 1000        # steps between checkpoints (the last step always)
+    preset: str = "paper"         # the preset this config started from (for the reproducing command)
+
+    def __post_init__(self):
+        ints = ("num_layers", "anchors_per_seq", "seqs_per_step", "steps", "eval_every", "eval_seqs",
+                "eval_stride", "save_every")
+        problems = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ints if getattr(self, k) < 1]
+        problems += [msg for bad, msg in [
+            (self.loss not in ("kl", "ce"), f"loss must be kl or ce, got {self.loss!r}"),
+            (self.init not in ("target", "random"), f"init must be target or random, got {self.init!r}"),
+            (self.dtype not in DTYPES, f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"),
+            (self.block_size < 2 or self.max_len < 3, "block_size must be >= 2 and max_len >= 3"),
+            (self.gamma < 0 or self.lr <= 0 or self.grad_clip <= 0, "need gamma >= 0, lr > 0, grad_clip > 0"),
+            (not 0 <= self.warmup < 1, f"warmup must lie in [0, 1), got {self.warmup}")] if bad]
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "TrainConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+
+PRESETS = {
+    "paper": TrainConfig(),
+    # 2 CPU cores, SmolLM2: ~4 s a step (1 thread, busy machine); a higher lr and gamma > 0 so the
+    # shallow depths are not swamped by the deep ones early on (FIELD_NOTES.md)
+    "cpu": TrainConfig(anchors_per_seq=32, seqs_per_step=4, steps=3000, lr=1e-3, gamma=4.0, max_len=512,
+                       eval_every=100, eval_seqs=16, eval_stride=4, save_every=100, preset="cpu"),
+    # seconds on a tiny model: tests and a first look at the pipeline
+    "smoke": TrainConfig(anchors_per_seq=8, seqs_per_step=2, steps=4, lr=1e-3, max_len=128, eval_every=2,
+                         eval_seqs=1, eval_stride=2, save_every=2, preset="smoke"),
+}
+
+
+# ----------------------------------------------------------------------------- pure pieces
+def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:
+    """(D,) w_k = exp(-(k-1)/gamma) for depths k = 1..D; gamma 0 = uniform."""
+    if gamma == 0:
+        return torch.ones(n_depths)
+    return torch.exp(-torch.arange(n_depths, dtype=torch.float32) / gamma)
+
+
+def lr_factor(step: int, steps: int, warmup: float) -> float:
+    """Linear warmup over round(warmup * steps) steps (at least 1), then cosine to 0 at ``steps``."""
+    w = max(1, round(warmup * steps))
+    if step < w:
+        return (step + 1) / w
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - w) / max(1, steps - w))))
+
+
+def sample_anchors(prompt_len: int, seq_len: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """(nb,) sorted distinct anchors in [prompt_len, seq_len - 2], nb = min(k, available): response
+    tokens with a successor (at decode time the first anchor is position prompt_len)."""
+    return (torch.randperm(seq_len - 1 - prompt_len, generator=generator)[:k] + prompt_len).sort().values
+
+
+def slot_targets(anchors: torch.Tensor, seq_len: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """pos (nb, D) = anchor + k, the position slot k predicts (clamped); valid (nb, D) = pos < seq_len."""
+    pos = anchors[:, None] + torch.arange(1, block_size, device=anchors.device)
+    return pos.clamp(max=seq_len - 1), pos < seq_len
+
+
+def slot_losses(logits: torch.Tensor, pos: torch.Tensor, kind: str, ids: torch.Tensor,
+                teacher_logits: torch.Tensor | None = None) -> torch.Tensor:
+    """(nb, D) loss of logits (nb, D, V); slot (b, k) predicts ids[pos[b, k]]. "ce": -log q(ids[pos]);
+    "kl": KL(p || q), p = the teacher at pos - 1 (teacher_logits (S, V)). The teacher's softmax and
+    entropy are taken once per position (S rows), not once per slot (nb*D rows, ~2.7x more here)."""
+    logq = torch.log_softmax(logits.float(), dim=-1)                                    # (nb, D, V)
+    if kind == "ce":
+        return -logq.gather(-1, ids[pos][..., None])[..., 0]
+    logp = torch.log_softmax(teacher_logits.float(), dim=-1)                            # (S, V)
+    p = logp.exp()
+    return (p * logp).sum(-1)[pos - 1] - (p[pos - 1] * logq).sum(-1)
+
+
+def masked_mean(per_slot: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Depth-weighted mean over valid slots; invalid slots (even NaN ones) contribute nothing."""
+    w = weights.to(per_slot.device)[None] * valid                                       # (nb, D)
+    return torch.where(valid, per_slot, 0.0).mul(w).sum() / w.sum().clamp(min=1e-12)
+
+
+def depth_accuracy(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """pred, truth, valid (nb, D) -> correct (D,), count (D,) over valid slots."""
+    return ((pred == truth) & valid).sum(0), valid.sum(0)
+
+
+def simulated_tau(acc) -> float:
+    """1 + sum_k prod_{i<=k} acc_i (METHOD.md section 4)."""
+    return 1.0 + float(torch.tensor(acc, dtype=torch.float64).cumprod(0).sum())
+
+
+# ----------------------------------------------------------------------------- the head pass
+class BlockForward(nn.Module):
+    """All blocks of one sequence through the head. One module, so that DDP (``accelerate launch``)
+    sees every trainable parameter (fc, hidden_norm, layers) used inside a single forward."""
+
+    def __init__(self, head: DraftHead):
+        super().__init__()
+        self.head = head
+
+    def forward(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """taps (S, L, H), block-row embeddings x (nb*N, H), anchors (nb,) -> hidden (nb, D, H)."""
+        head, S, n = self.head, taps.shape[0], self.head.config.block_size
+        ctx_kv = head.context_kv(head.fuse(taps[None]), torch.arange(S, device=taps.device)[None])
+        mask = training_mask(anchors, S, n, head.config.causal)[None]                  # (1, nb*N, S+nb*N)
+        hidden = head(x[None].to(head.dtype), block_positions(anchors, n)[None], ctx_kv, mask)
+        return hidden.view(anchors.numel(), n, -1)[:, 1:]
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    return getattr(module, "module", module)  # DDP keeps the wrapped module in .module
+
+
+def block_logits(blocks: nn.Module, target, taps, ids, anchors) -> torch.Tensor:
+    """(nb, D, V) fp32 logits of slots 1..D, through the target's embedding and lm_head (detached)."""
+    c = _unwrap(blocks).head.config
+    block_ids = torch.full((anchors.numel(), c.block_size), c.mask_token_id, device=ids.device)
+    block_ids[:, 0] = ids[anchors]
+    x = F.embedding(block_ids.view(-1), target.model.get_input_embeddings().weight.detach())  # (nb*N, H)
+    hidden = blocks(taps, x, anchors)                                                   # (nb, D, H)
+    lm = target.model.get_output_embeddings()
+    bias = None if getattr(lm, "bias", None) is None else lm.bias.detach()
+    return F.linear(hidden.to(lm.weight.dtype), lm.weight.detach(), bias).float()
+
+
+def target_pass(target, ids: torch.Tensor, taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frozen target over a whole sequence (S,): logits (S, V) fp32, taps (S, L, H), on ids' device."""
+    step = target.forward(ids, target.new_cache(), taps=taps)
+    return step.logits.to(ids.device), step.taps.to(ids.device)
+
+
+def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig) -> tuple[torch.Tensor, int]:
+    """Depth-weighted loss of all blocks of one sequence, and its number of supervised slots."""
+    c = _unwrap(blocks).head.config
+    teacher_logits, taps = target_pass(target, ids, c.target_layer_ids)
+    logits = block_logits(blocks, target, taps, ids, anchors)                           # (nb, D, V)
+    pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
+    per_slot = slot_losses(logits, pos, cfg.loss, ids, teacher_logits)
+    return masked_mean(per_slot, valid, depth_weights(c.block_size - 1, cfg.gamma)), int(valid.sum())
+
+
+@torch.no_grad()
+def evaluate(head: DraftHead, target, seqs: list[tuple[torch.Tensor, int]], *, stride: int = 1,
+             chunk: int = 64) -> dict:
+    """Per-depth accuracy of the head's argmax vs the target's greedy next token (= the regenerated
+    token, up to bf16 argmax flips) at anchors prompt_len, prompt_len + stride, ... of each
+    (ids, prompt_len), and the simulated tau. ``chunk`` anchors per pass bound the (chunk, D, V) logits."""
+    blocks, c = BlockForward(head), head.config
+    correct = count = torch.zeros(c.block_size - 1, dtype=torch.long)
+    for ids, p in seqs:
+        ids = ids.to(head.fc.weight.device)
+        logits, taps = target_pass(target, ids, c.target_layer_ids)
+        greedy = logits.argmax(-1)                                                      # (S,)
+        for anchors in torch.arange(p, ids.numel() - 1, stride, device=ids.device).split(chunk):
+            pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
+            pred = block_logits(blocks, target, taps, ids, anchors).argmax(-1)         # (nb, D)
+            ok, n = depth_accuracy(pred, greedy[pos - 1], valid)
+            correct, count = correct + ok.cpu(), count + n.cpu()
+    acc = (correct / count.clamp(min=1)).tolist()
+    return {"acc": acc, "sim_tau": simulated_tau(acc), "anchors": int(count[0])}
+
+
+# ----------------------------------------------------------------------------- data order
+def as_sequences(rows: list[dict], max_len: int) -> list[tuple[torch.Tensor, int]]:
+    """(ids (S,), prompt_len) per row, truncated to max_len; rows left without an anchor are dropped."""
+    seqs = [(torch.tensor(list(r["prompt_ids"]) + list(r["response_ids"]))[:max_len], len(r["prompt_ids"]))
+            for r in rows]
+    return [(ids, p) for ids, p in seqs if ids.numel() - 1 > p]
+
+
+def _seed(*key) -> int:
+    """A 63-bit generator seed from a key such as (seed, position, "anchors")."""
+    return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:8], "little") >> 1
+
+
+@lru_cache(maxsize=4)
+def _epoch_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
+    g = torch.Generator().manual_seed(_seed(seed, epoch, "order"))
+    return tuple(torch.randperm(n, generator=g).tolist())
+
+
+def row_at(position: int, n: int, seed: int) -> int:
+    """Training row at a global data position; each epoch is a fresh seeded permutation of n rows."""
+    epoch, i = divmod(position, n)
+    return _epoch_order(n, seed, epoch)[i]
+
+
+def anchors_at(position: int, prompt_len: int, seq_len: int, cfg: TrainConfig) -> torch.Tensor:
+    """Anchors of the sequence at a data position: a pure function of (seed, position), so resuming
+    needs no RNG state to reproduce them."""
+    g = torch.Generator().manual_seed(_seed(cfg.seed, position, "anchors"))
+    return sample_anchors(prompt_len, seq_len, cfg.anchors_per_seq, g)
+
+
+# ----------------------------------------------------------------------------- one run
+@dataclass
+class Progress:
+    """What a checkpoint adds to the accelerate state; persisted as ``checkpoint/train_state.json``."""
+    step: int = 0
+    data_position: int = 0        # training sequences consumed so far (the next one is row_at(data_position))
+    elapsed_s: float = 0.0        # wall time of all runs so far
+    tokens: dict = field(default_factory=dict)  # context_tokens, response_tokens, supervised_slots
+
+
+@dataclass
+class Run:
+    cfg: TrainConfig
+    target: object
+    accelerator: object
+    blocks: nn.Module             # BlockForward(head), prepared (DDP-wrapped under accelerate launch)
+    optimizer: object
+    scheduler: object
+    train_seqs: list              # [(ids (S,), prompt_len)]
+    eval_seqs: list
+    out: Path
+
+    @property
+    def head(self) -> DraftHead:
+        return self.accelerator.unwrap_model(self.blocks).head
+
+
+def train_step(run: Run, first: int) -> tuple[float, Counter]:
+    """Accumulate the sequences at data positions first .. first+seqs_per_step-1 (this process's
+    share), clip, step. -> mean loss over all processes, token counts."""
+    cfg, acc = run.cfg, run.accelerator
+    mine = list(range(first, first + cfg.seqs_per_step))[acc.process_index::acc.num_processes]
+    losses, counts = [], torch.zeros(3, dtype=torch.long)
+    for i, position in enumerate(mine):
+        ids, p = run.train_seqs[row_at(position, len(run.train_seqs), cfg.seed)]
+        ids = ids.to(acc.device)
+        anchors = anchors_at(position, p, ids.numel(), cfg).to(acc.device)
+        # under DDP, all-reduce the gradients once per step, after the last sequence
+        with acc.no_sync(run.blocks) if i < len(mine) - 1 else contextlib.nullcontext():
+            loss, slots = sequence_loss(run.blocks, run.target, ids, anchors, cfg)
+            acc.backward(loss / len(mine))
+        losses.append(loss.detach())
+        counts += torch.tensor([ids.numel(), ids.numel() - p, slots])
+    acc.clip_grad_norm_(run.blocks.parameters(), cfg.grad_clip)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    loss = acc.reduce(torch.stack(losses).mean(), "mean")
+    counts = acc.reduce(counts.to(acc.device), "sum").tolist()
+    return float(loss), Counter(dict(zip(("context_tokens", "response_tokens", "supervised_slots"), counts)))
+
+
+def save_checkpoint(run: Run, progress: Progress) -> None:
+    """accelerate state (head, AdamW, scheduler, RNG) + train_state.json, swapped in by renames so an
+    interruption leaves the previous checkpoint whole."""
+    ckpt, tmp, old = run.out / "checkpoint", run.out / "checkpoint.tmp", run.out / "checkpoint.old"
+    run.accelerator.save_state(str(tmp))
+    if run.accelerator.is_main_process:
+        state = asdict(progress) | {"config": asdict(run.cfg)}
+        (tmp / "train_state.json").write_text(json.dumps(state, indent=1) + "\n")
+        if ckpt.exists():
+            ckpt.rename(old)
+        tmp.rename(ckpt)
+        shutil.rmtree(old, ignore_errors=True)
+    run.accelerator.wait_for_everyone()
+
+
+def load_checkpoint(run: Run) -> Progress:
+    """Restore out/checkpoint when there is one (refusing another config's), else start at step 0."""
+    ckpt = next((d for d in (run.out / "checkpoint", run.out / "checkpoint.old")
+                 if (d / "train_state.json").is_file()), None)
+    if ckpt is None:
+        return Progress()
+    state = json.loads((ckpt / "train_state.json").read_text())
+    free = ("eval_every", "save_every", "eval_stride")  # may change between runs without changing results
+    changed = sorted(k for k, v in asdict(run.cfg).items() if state["config"].get(k) != v and k not in free)
+    if changed:
+        raise ValueError(f"{run.out} holds a checkpoint of another config (differs in {changed}); "
+                         "rerun with the same settings or choose a new --out")
+    run.accelerator.load_state(str(ckpt))
+    return Progress(**{k: state[k] for k in ("step", "data_position", "elapsed_s", "tokens")})
+
+
+def build_head(cfg: TrainConfig, target) -> DraftHead:
+    torch.manual_seed(cfg.seed)
+    head = DraftHead(HeadConfig.for_target(target.config, num_layers=cfg.num_layers, causal=cfg.causal,
+                                           block_size=cfg.block_size))
+    if cfg.init == "target":
+        init_from_target(head, target.model)
+    return head.float()  # fp32 params whatever the target's dtype
+
+
+def setup(cfg: TrainConfig, target=None) -> tuple[Run, list[dict]]:
+    """Check the inputs, split the data, build head/optimiser/scheduler under accelerate."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    if not cfg.out:
+        raise ValueError("TrainConfig.out (--out) must name an output directory")
+    if not Path(cfg.data).is_file():
+        raise FileNotFoundError(f"data file {cfg.data!r} does not exist; make one with "
+                                "`python -m jetflow regenerate --out FILE`")
+    rows = load_regenerated(cfg.data)
+    if len(rows) <= cfg.eval_seqs:
+        raise ValueError(f"{cfg.data} has {len(rows)} sequences; need more than eval_seqs={cfg.eval_seqs}")
+    train_seqs = as_sequences(rows[:-cfg.eval_seqs], cfg.max_len)
+    if not train_seqs:
+        raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
+    accelerator = Accelerator(step_scheduler_with_optimizer=False)  # one global step = one scheduler step
+    if cfg.seqs_per_step % accelerator.num_processes:
+        raise ValueError(f"seqs_per_step ({cfg.seqs_per_step}) must be a multiple of the number of "
+                         f"processes ({accelerator.num_processes})")
+    set_seed(cfg.seed)
+    target = target or load_target(cfg.model, dtype=cfg.dtype, device=str(accelerator.device))
+    head = build_head(cfg, target)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.steps, cfg.warmup))
+    blocks, optimizer, scheduler = accelerator.prepare(BlockForward(head), optimizer, scheduler)
+    run = Run(cfg, target, accelerator, blocks, optimizer, scheduler, train_seqs,
+              as_sequences(rows[-cfg.eval_seqs:], cfg.max_len), Path(cfg.out))
+    run.out.mkdir(parents=True, exist_ok=True)
+    return run, rows
+
+
+def train(cfg: TrainConfig, target=None, *, stop_at: int | None = None, progress: bool = True
+          ) -> tuple[DraftHead, list[dict]]:
+    """Train, or resume from ``cfg.out``, a head as ``cfg`` says. ``stop_at`` ends this call at that
+    step with a checkpoint; the same call later continues it. -> (the fp32 head, history).
+    The final head (bf16) and the provenance files are written once step ``cfg.steps`` is reached."""
+    run, rows = setup(cfg, target)
+    state = load_checkpoint(run)
+    history = read_history(run, state.step)
+    last = _loop(run, state, history, min(stop_at or cfg.steps, cfg.steps), progress)
+    if state.step == cfg.steps and run.accelerator.is_main_process:
+        run.head.save_pretrained(run.out, dtype=torch.bfloat16)
+        write_provenance(run, state, last, rows)
+    return run.head, history
+
+
+def _loop(run: Run, state: Progress, history: list[dict], end: int, progress: bool) -> dict:
+    """Steps state.step .. end-1 with logging, evaluation and checkpoints. -> the last evaluation."""
+    cfg = run.cfg
+    last = next((h for h in reversed(history) if h["acc"] is not None), None)
+    if not history:
+        lr0 = cfg.lr * lr_factor(0, cfg.steps, cfg.warmup)
+        last = _log(run, history, {"step": 0, "loss": None, "lr": lr0}, state.elapsed_s, evaluate_now=True)
+    bar = tqdm(total=cfg.steps, initial=state.step, desc="train",
+               disable=not progress or not run.accelerator.is_main_process)
+    start, elapsed0 = time.perf_counter(), state.elapsed_s
+    while state.step < end:
+        lr = run.scheduler.get_last_lr()[0]  # the lr this step uses
+        loss, counts = train_step(run, state.data_position)
+        state.step, state.data_position = state.step + 1, state.data_position + cfg.seqs_per_step
+        state.tokens = dict(Counter(state.tokens) + counts)
+        state.elapsed_s = elapsed0 + time.perf_counter() - start
+        due = state.step % cfg.eval_every == 0 or state.step == cfg.steps
+        last = _log(run, history, {"step": state.step, "loss": loss, "lr": lr}, state.elapsed_s, due) or last
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", acc1=f"{last['acc'][0]:.3f}", tau=f"{last['sim_tau']:.2f}")
+        if state.step % cfg.save_every == 0 or state.step == end:
+            save_checkpoint(run, state)
+    bar.close()
+    return last
+
+
+def _log(run: Run, history: list[dict], entry: dict, elapsed_s: float, evaluate_now: bool) -> dict | None:
+    """Append a history entry (evaluated on the held-out sequences when due) to out/history.jsonl."""
+    ev = evaluate(run.head, run.target, run.eval_seqs, stride=run.cfg.eval_stride) if evaluate_now else {}
+    history.append(entry | {"acc": ev.get("acc"), "sim_tau": ev.get("sim_tau"), "elapsed_s": elapsed_s})
+    if run.accelerator.is_main_process:
+        with (run.out / "history.jsonl").open("a") as f:
+            f.write(json.dumps(history[-1]) + "\n")
+    return history[-1] if evaluate_now else None
+
+
+def read_history(run: Run, step: int) -> list[dict]:
+    """out/history.jsonl up to ``step``; an interrupted run's later entries are dropped, from the file too."""
+    path = run.out / "history.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = [h for h in map(json.loads, filter(str.strip, lines)) if h["step"] <= step]
+    if run.accelerator.is_main_process:
+        path.write_text("".join(json.dumps(h) + "\n" for h in rows))
+    return rows
+
+
+# ----------------------------------------------------------------------------- provenance
+CLI_FLAGS = {"model": "--model", "gamma": "--gamma", "loss": "--loss", "steps": "--steps", "lr": "--lr",
+             "anchors_per_seq": "--anchors", "seqs_per_step": "--seqs-per-step", "eval_every": "--eval-every",
+             "save_every": "--save-every", "seed": "--seed"}
+
+
+def command_for(cfg: TrainConfig) -> str:
+    """The ``python -m jetflow train`` line that rebuilds ``cfg``: its preset plus each field that
+    differs from it (fields without a flag of their own through ``--set key=value``)."""
+    args = ["python", "-m", "jetflow", "train", "--data", str(Path(cfg.data).resolve()),
+            "--out", str(Path(cfg.out).resolve()), "--preset", cfg.preset]
+    base = TrainConfig.from_name(cfg.preset)
+    for name, value in ((f.name, getattr(cfg, f.name)) for f in fields(cfg)):
+        if name in ("data", "out", "preset") or value == getattr(base, name):
+            continue
+        if name == "causal":
+            args.append("--causal" if value else "--bidirectional")
+        else:
+            args += [CLI_FLAGS[name], str(value)] if name in CLI_FLAGS else ["--set", f"{name}={value}"]
+    return shlex.join(args)
+
+
+def parse_set(cfg: TrainConfig, items: list[str]) -> TrainConfig:
+    """Apply ``--set key=value`` overrides, each typed like the field's current value."""
+    names = sorted({f.name for f in fields(cfg)} - {"data", "out", "preset", "model"})
+    changes = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in names:
+            raise ValueError(f"--set expects key=value with key one of {names}, got {item!r}")
+        kind = type(getattr(cfg, key))
+        if kind is bool and raw.lower() not in ("true", "false"):
+            raise ValueError(f"--set {key} expects true or false, got {raw!r}")
+        changes[key] = raw.lower() == "true" if kind is bool else kind(raw)
+    return dataclasses.replace(cfg, **changes)
+
+
+def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) -> dict:
+    """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
+    import transformers
+    cfg, path = run.cfg, Path(run.cfg.data)
+    data = {"file": path.name, "path": str(path.resolve()),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "sequences": len(rows),
+            "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
+            "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
+    prov = {"command": command_for(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
+            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": asdict(cfg),
+            "final": {"acc": last["acc"], "sim_tau": last["sim_tau"], "eval_step": last["step"]},
+            "tau_convention": TAU_NOTE, "versions": {"torch": torch.__version__,
+                                                     "transformers": transformers.__version__,
+                                                     "python": sys.version.split()[0]}}
+    (run.out / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
+    acc = prov["final"]["acc"]
+    (run.out / "PROVENANCE.md").write_text("\n".join([
+        "# Draft head training run", "", "Reproduce with:", "", "```", prov["command"], "```", "",
+        f"- data: `{data['file']}` (sha256 `{data['sha256']}`), {data['sequences']} sequences "
+        f"({data['train_sequences']} trained on, {data['eval_sequences']} held out); mix {data['mix']}",
+        f"- tokens: {state.tokens}",
+        f"- {state.step} steps, {prov['wall_time_s']} s wall time, seed {cfg.seed}",
+        f"- versions: {prov['versions']}",
+        f"- simulated tau **{last['sim_tau']:.3f}** at step {last['step']} ({TAU_NOTE})", "",
+        "| depth | " + " | ".join(map(str, range(1, len(acc) + 1))) + " |", "|---|" + "---|" * len(acc),
+        "| accuracy | " + " | ".join(f"{a:.3f}" for a in acc) + " |", "",
+        "Config:", "", "```json", json.dumps(asdict(cfg), indent=2), "```", ""]))
+    return prov

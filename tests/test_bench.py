@@ -1,0 +1,239 @@
+"""Tests for jetflow/bench.py: aggregation helpers on hand-made rounds, a small interleaved run on a
+tiny random Llama with a character tokenizer, rendering, and preset wiring (nothing downloaded)."""
+import json
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from jetflow import bench
+from jetflow.decode import Round
+from jetflow.proposers import LookupProposer
+from jetflow.target import Target
+from jetflow.tree import Tree
+
+PROMPTS = {"math": [{"id": "m0", "prompt": "one two one two one"}, {"id": "m1", "prompt": "abc abc abc"}],
+           "chat": [{"id": "c0", "prompt": "hello there"}]}
+ROW_KEYS = {"method", "dataset", "budget", "n_prompts", "new_tokens", "tau", "tau_hist", "depth_accept",
+            "verify_tokens", "prefill_s", "decode_s", "tokens_per_s", "speedup", "identical_to_ar", "dtype",
+            "device", "torch", "transformers", "hardware"}
+
+
+def char_tokenizer():
+    """Offline character-level tokenizer: ids 0-2 special, then printable ASCII and newline."""
+    chars = [chr(i) for i in range(32, 127)] + ["\n"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(".|\n"), "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def tiny_target(arch="llama", seed=0) -> Target:
+    tok = char_tokenizer()
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=256, bos_token_id=1,
+                 eos_token_id=2)
+    torch.manual_seed(seed)
+    model = (LlamaForCausalLM(LlamaConfig(**sizes)) if arch == "llama"
+             else Qwen3ForCausalLM(Qwen3Config(head_dim=8, **sizes)))
+    return Target(model.eval().requires_grad_(False), tok, f"tiny-{arch}")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def rnd(tokens, parents, path, committed) -> Round:
+    return Round(Tree.from_lists(tokens, parents), path, committed, [0] * len(tokens), 0.0, 0.0)
+
+
+HAND_ROUNDS = [
+    rnd([5, 6, 7, 8], [-1, 0, 1, 2], [0, 1, 2], [6, 7, 9]),  # chain, depths 1-2 accepted, 3 rejected
+    rnd([5, 6, 7, 8], [-1, 0, 1, 2], [0], [4]),              # chain, depth 1 rejected
+    rnd([5, 6, 7, 8], [-1, 0, 0, 2], [0, 1], [6, 3]),        # accepted node 1 has no child: no depth-2 chance
+    rnd([5], [-1], [0], [6]),                                # AR round: no chance at all
+]
+
+
+def test_tau_hist_and_verify_tokens():
+    assert bench.tau_hist(HAND_ROUNDS) == {1: 2, 2: 1, 3: 1}
+    assert bench.tau(HAND_ROUNDS) == 7 / 4
+    assert bench.verify_tokens(HAND_ROUNDS) == 13 / 4
+    assert bench.tau([]) is None and bench.verify_tokens([]) is None and bench.tau_hist([]) == {}
+
+
+def test_depth_accept_conditions_on_a_drafted_child():
+    assert bench.depth_accept(HAND_ROUNDS) == [2 / 3, 1.0, 0.0]
+    assert bench.depth_accept(HAND_ROUNDS[3:]) == []
+    # depth 2 drafted only under a rejected depth-1 node: nobody had the chance
+    assert bench.depth_accept([rnd([5, 6, 7, 8], [-1, 0, 0, 2], [0], [4])]) == [0.0, None]
+
+
+def run_(tokens, n, seconds, prefill=0.1):
+    return bench.Run(tokens, n, seconds, prefill)
+
+
+def test_speedup_is_a_ratio_of_totals():
+    assert bench.speedup(100, 2.0, 50, 2.0) == 2.0
+    assert bench.speedup(0, 0.0, 50, 2.0) is None and bench.speedup(10, 1.0, 0, 0.0) is None
+    runs = [run_([1, 2], 10, 1.0), run_([3], 30, 3.0, None)]
+    ar = [run_([1, 2], 10, 2.0), run_([4], 30, 1.0)]
+    row = bench.summarize(runs, ar)
+    assert row["tokens_per_s"] == 10.0
+    assert row["speedup"] == pytest.approx(10.0 / (40 / 3))  # not the mean of per-prompt ratios
+    assert row["identical_to_ar"] == 1 and row["new_tokens"] == 3 and row["n_prompts"] == 2
+    assert row["prefill_s"] is None  # one run could not separate prefill
+    assert bench.summarize(ar, ar)["speedup"] == 1.0
+
+
+# ----------------------------------------------------------------------------- running
+def test_run_rows_on_tiny_model(target, tmp_path):
+    rows = bench.run(target, ["ar", "lookup", "hf", "hf-lookup"], PROMPTS, [2, 4], max_new_tokens=8,
+                     progress=False)
+    assert [(r["dataset"], r["method"], r["budget"]) for r in rows] == [
+        (ds, m, b) for ds in PROMPTS for m, b in [("ar", None), ("lookup", 2), ("lookup", 4), ("hf", None),
+                                                   ("hf-lookup", None)]]
+    for row in rows:
+        assert ROW_KEYS <= set(row)
+        assert row["n_prompts"] == len(PROMPTS[row["dataset"]])
+        assert row["identical_to_ar"] == row["n_prompts"]  # greedy fp32: lossless, HF included
+        assert row["dtype"] == "float32" and row["device"] == "cpu"
+        assert row["new_tokens"] == 8 * row["n_prompts"]  # random model: no EOS within 8 tokens
+        assert row["decode_s"] > 0 and row["tokens_per_s"] > 0
+    ar, lookup, hf = rows[0], rows[1], rows[3]
+    assert ar["speedup"] == 1.0 and ar["tau"] == 1.0 and ar["verify_tokens"] == 1.0
+    assert ar["tau_hist"] == {1: 7 * 2} and ar["depth_accept"] == []
+    assert lookup["tau"] >= 1.0 and 1.0 <= lookup["verify_tokens"] <= 3.0
+    for row in rows:  # every decode token counted once; the first new token comes from prefill
+        if row["tau"] is not None:
+            assert sum(k * v for k, v in row["tau_hist"].items()) == 7 * row["n_prompts"]
+    assert hf["tau"] is None and hf["prefill_s"] is None and "note" in hf
+
+    md = bench.to_markdown(rows)
+    assert md.startswith(bench.CONVENTIONS) and md.count("| lookup |") == 4 and "hf: " in md
+    out = bench.write(rows, tmp_path / "res")
+    assert json.loads((out / "rows.json").read_text())[1]["budget"] == 2
+    assert (out / "table.md").read_text() == md
+
+
+def test_run_interleaves_prompt_by_prompt_ar_first(target, monkeypatch):
+    calls, real = [], bench.run_config
+
+    def record(tgt, cfg, ids, max_new_tokens, temperature, seed):
+        calls.append((cfg.method, cfg.budget, tuple(ids.tolist()), max_new_tokens))
+        return real(tgt, cfg, ids, max_new_tokens, temperature, seed)
+
+    monkeypatch.setattr(bench, "run_config", record)
+    bench.run(target, ["hf", "lookup", "ar"], PROMPTS, [3, 2], max_new_tokens=5, progress=False)
+    order = [("ar", None), ("hf", None), ("lookup", 3), ("lookup", 2)]
+    prompts = [tuple(target.encode(p["prompt"]).tolist()) for ps in PROMPTS.values() for p in ps]
+    warm = [(m, b, prompts[0], 4) for m, b in order]
+    assert calls == warm + [(m, b, p, 5) for p in prompts for m, b in order]
+
+
+def test_one_token_leaves_nothing_to_time(target):
+    rows = bench.run(target, ["ar", "lookup"], PROMPTS, [2], max_new_tokens=1, progress=False, warmup=False)
+    assert all(r["tokens_per_s"] is None and r["speedup"] is None and r["tau"] is None for r in rows)
+    assert "| - | 1/1 |" in bench.to_markdown(rows)
+
+
+@pytest.mark.parametrize("methods, budgets, match", [
+    (["ar", "nope"], [4], "unknown method"),
+    (["lookup"], [], "needs budgets"),
+    (["lookup"], [0], "needs budgets"),
+])
+def test_run_rejects_bad_input_before_decoding(target, methods, budgets, match):
+    with pytest.raises(ValueError, match=match):
+        bench.run(target, methods, PROMPTS, budgets, max_new_tokens=4, progress=False)
+
+
+def test_run_rejects_prompts_too_long_before_decoding(target):
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        bench.run(target, ["ar"], {"x": [{"id": "long", "prompt": "a" * 250}]}, [4], max_new_tokens=8,
+                  progress=False)
+
+
+@pytest.mark.parametrize("cost", [{1: 0.01, 3: 0.012, 5: 0.03}, None])  # hand-made seconds, or measured
+def test_run_auto_runs_the_predicted_best_budget(target, cost):
+    rows = bench.run_auto(target, ["ar", "lookup"], PROMPTS, [2, 4], calib_prompts=2, calib_new_tokens=6,
+                          cost_by_size=cost, max_new_tokens=6, progress=False)
+    ar, *lookup = [r for r in rows if r["dataset"] == "math"]
+    assert ar["auto_budget"] is False and ar["predicted_tokens_per_s"] > 0
+    if cost:
+        assert ar["predicted_tokens_per_s"] == 100.0  # 1 / cost[1]: AR commits one token per round
+    (row,) = lookup
+    best = max(row["auto_table"], key=lambda t: (t["predicted_tokens_per_s"], -t["budget"]))
+    assert row["auto_budget"] is True and row["budget"] == best["budget"]
+    assert row["predicted_tokens_per_s"] == best["predicted_tokens_per_s"]
+    assert "predicted tokens/s" in bench.to_markdown(rows)
+
+
+def test_calibration_prompts_round_robin():
+    assert [p["id"] for p in bench.calibration_prompts(PROMPTS, 3)] == ["m0", "c0", "m1"]
+
+
+# ----------------------------------------------------------------------------- presets
+def test_qwen3_preset_values():
+    cfg = bench.resolve_preset("qwen3-8b", {})
+    assert cfg["model"] == "Qwen/Qwen3-8B" and cfg["dtype"] == "bfloat16" and cfg["max_new_tokens"] == 3072
+    assert cfg["budgets"] == (16, 32, 64, 128, 255) and cfg["auto"] is False
+    assert cfg["datasets"] == ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
+    assert cfg["chat_template_kwargs"] == {"enable_thinking": False}
+    assert bench.PRESETS["qwen3-8b"]["heads"]["jetflow"] == "JetSpec/jetspec-qwen3-8b"
+
+
+@pytest.mark.parametrize("overrides, key, want", [
+    ({"budgets": "16,32"}, "budgets", (16, 32)),
+    ({"budgets": [8]}, "budgets", (8,)),
+    ({"budgets": "auto"}, "auto", True),
+    ({"budgets": "auto"}, "budgets", (16, 32, 64, 128, 255)),
+    ({"methods": "ar,lookup", "limit": None}, "methods", ("ar", "lookup")),
+    ({"limit": 3, "dtype": "float32"}, "limit", 3),
+    ({"heads": {"dflash": "/x"}}, "heads", {"jetflow": "JetSpec/jetspec-qwen3-8b", "dflash": "/x"}),
+])
+def test_resolve_preset_overrides(overrides, key, want):
+    assert bench.resolve_preset("qwen3-8b", overrides)[key] == want
+
+
+@pytest.mark.parametrize("name, overrides, match", [
+    ("nope", {}, "unknown preset"),
+    ("cpu", {"colour": 1}, "unknown setting"),
+    ("cpu", {"methods": "ar,medusa"}, "unknown method"),
+    ("cpu", {"datasets": "gsm8k,imdb"}, "unknown dataset"),
+    ("cpu", {"dtype": "int8"}, "dtype"),
+    ("cpu", {"budgets": "0,16"}, "budgets"),
+    ("cpu", {"max_new_tokens": 0}, "max_new_tokens"),
+])
+def test_resolve_preset_rejects(name, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        bench.resolve_preset(name, overrides)
+
+
+def test_qwen3_preset_wires_heads_into_proposers(monkeypatch):
+    """The preset's heads reach make_proposer by head kind (ddtree reads the dflash head)."""
+    seen = []
+
+    def fake_make_proposer(method, target, *, head=None):
+        seen.append((method, head))
+        return LookupProposer()
+
+    monkeypatch.setattr(bench, "make_proposer", fake_make_proposer)
+    cfg = bench.resolve_preset("qwen3-8b", {"methods": "ar,jetflow,dflash,ddtree", "budgets": "2",
+                                            "max_new_tokens": 3})
+    rows = bench.run_settings(tiny_target("qwen3"), cfg, {"x": PROMPTS["chat"]}, progress=False)
+    assert seen == [("jetflow", "JetSpec/jetspec-qwen3-8b"), ("dflash", "z-lab/Qwen3-8B-DFlash-b16"),
+                    ("ddtree", "z-lab/Qwen3-8B-DFlash-b16")]
+    assert [(r["method"], r["budget"]) for r in rows] == [("ar", None), ("jetflow", 2), ("dflash", 2),
+                                                          ("ddtree", 2)]
+    assert all(r["identical_to_ar"] == 1 and r["speedup"] > 0 for r in rows)
+
+
+def test_prompt_sets_from_a_prompts_file(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS["math"]))
+    cfg = bench.resolve_preset("cpu", {"prompts_file": str(path), "datasets": "anything", "limit": 1})
+    assert bench.prompt_sets(cfg) == {"mine": PROMPTS["math"][:1]}

@@ -1,0 +1,85 @@
+"""The embedded SmolLM2-135M-Instruct target (fp32): losslessness and the CLI contract."""
+import json
+
+import pytest
+import torch
+
+from jetflow.cli import main
+from jetflow.decode import generate
+from jetflow.proposers import OracleProposer, make_proposer
+
+PROMPTS = [
+    "Write a Python function that reverses a list, and show an example call.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "List three colours, then list them again in the same order.",
+]
+NEW = 40
+
+
+@pytest.fixture(scope="module")
+def references(smol):
+    refs = []
+    for prompt in PROMPTS:
+        ids = smol.encode(prompt)
+        out = smol.model.generate(ids[None], max_new_tokens=NEW, do_sample=False)
+        refs.append(out[0, ids.numel():].tolist())
+    return refs
+
+
+@pytest.mark.parametrize("method", ["ar", "lookup", "jetflow", "dflash", "ddtree"])
+def test_greedy_equals_hf_generate(smol, references, method):
+    proposer = make_proposer(method, smol)
+    for prompt, ref in zip(PROMPTS, references):
+        assert generate(smol, prompt, proposer, budget=32, max_new_tokens=NEW).tokens == ref
+
+
+def test_oracle_and_wrong_oracle(smol, references):
+    v = smol.config.vocab_size
+    full = generate(smol, PROMPTS[0], OracleProposer(references[0], v), budget=8, max_new_tokens=NEW)
+    assert full.tokens == references[0] and full.tau > 8
+    part = generate(smol, PROMPTS[0], OracleProposer(references[0], v, wrong_at=2, siblings=3),
+                    budget=16, max_new_tokens=NEW)
+    assert part.tokens == references[0] and all(r.accepted == 1 for r in part.rounds[:-1])
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_lookup_json_equals_ar(smol, capsys):
+    prompt = "Repeat this line three times: the quick brown fox jumps over the lazy dog."
+    rows = {}
+    for method in ("ar", "lookup"):
+        code, out, _ = run_cli(capsys, "generate", "--prompt", prompt, "--method", method,
+                               "--max-new-tokens", "48", "--json")
+        assert code == 0
+        rows[method] = json.loads(out)
+    assert rows["lookup"]["tokens"] == rows["ar"]["tokens"]
+    assert rows["lookup"]["tau"] > 1.0 and rows["ar"]["tau"] == 1.0
+    assert set(rows["ar"]) >= {"method", "budget", "prompt", "tokens", "text", "new_tokens", "rounds",
+                               "tau", "prefill_s", "decode_s", "tokens_per_s"}
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--prompt", "  "], "--prompt must not be empty"),
+    (["--prompt", "hi", "--budget", "0"], "--budget must be >= 1"),
+    (["--prompt", "hi", "--budget", "many"], "--budget must be an integer"),
+    (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--prompt", "hi", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["--prompt", "hi", "--method", "medusa"], "unknown method 'medusa'"),
+    (["--prompt", "hi", "--model", "/nonexistent/model-dir"], "cannot load target model"),
+    (["--prompt", "word " * 9000], "exceeds the model's context"),
+])
+def test_cli_bad_input(smol, capsys, argv, needle):
+    code, out, err = run_cli(capsys, "generate", *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and needle in err and err.count("\n") == 1
+
+
+def test_prefill_taps_shape(smol):
+    cache = smol.new_cache()
+    step = smol.forward(torch.tensor([1, 2, 3]), cache, taps=(1, 27))
+    assert step.logits.shape == (3, 49152) and step.taps.shape == (3, 2, 576)

@@ -1,0 +1,213 @@
+"""Tests for jetflow/train.py on a tiny random Llama target: loss pieces against loop references,
+a fixed batch that trains, exact resume, evaluation arithmetic, provenance and the CLI."""
+import dataclasses
+import json
+import math
+import shlex
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from jetflow.cli import build_parser, main
+from jetflow.cli_extra import train_config
+from jetflow.head import DraftHead
+from jetflow.target import Target
+from jetflow.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, depth_accuracy,
+                           depth_weights, evaluate, lr_factor, masked_mean, sample_anchors,
+                           sequence_loss, simulated_tau, slot_losses, slot_targets, train)
+from conftest import ByteTokenizer, tiny_model
+
+V = 211
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target(tiny_model("llama", V, seed=3), ByteTokenizer(), "tiny-llama-211")
+
+
+def fake_rows(n=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [{"id": f"src{i % 2}:{i}", "prompt_ids": torch.randint(0, V - 1, (6 + i,), generator=g).tolist(),
+             "response_ids": torch.randint(0, V - 1, (14 + 3 * i,), generator=g).tolist()} for i in range(n)]
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "regen.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in fake_rows()))
+    return path
+
+
+def smoke(data, out, **kw) -> TrainConfig:
+    return TrainConfig.from_name("smoke", data=str(data), out=str(out), block_size=5, **kw)
+
+
+# ----------------------------------------------------------------------------- pure pieces
+@pytest.mark.parametrize("gamma", [0.0, 1.0, 7.0])
+def test_depth_weights_follow_gamma(gamma):
+    w = depth_weights(6, gamma)
+    expected = [1.0 if gamma == 0 else math.exp(-(k - 1) / gamma) for k in range(1, 7)]
+    torch.testing.assert_close(w, torch.tensor(expected))
+
+
+def test_slot_targets_match_loop():
+    anchors, seq_len, n = torch.tensor([3, 7, 9]), 11, 5
+    pos, valid = slot_targets(anchors, seq_len, n)
+    for b, a in enumerate(anchors.tolist()):
+        for k in range(1, n):
+            assert bool(valid[b, k - 1]) == (a + k < seq_len)
+            if a + k < seq_len:
+                assert int(pos[b, k - 1]) == a + k
+
+
+def test_loss_ignores_slots_past_the_end():
+    """Garbage (NaN) logits at invalid slots change nothing; the mean is the loop's weighted mean."""
+    torch.manual_seed(0)
+    anchors, seq_len, n = torch.tensor([2, 8]), 10, 5
+    ids, (pos, valid) = torch.randint(0, V, (seq_len,)), slot_targets(anchors, seq_len, n)
+    logits = torch.randn(2, n - 1, V)
+    logits[~valid] = float("nan")
+    w = depth_weights(n - 1, 2.0)
+    loss = masked_mean(slot_losses(logits, pos, "ce", ids), valid, w)
+    num = den = 0.0
+    for b, a in enumerate(anchors.tolist()):
+        for k in range(1, n):
+            if a + k < seq_len:
+                nll = -torch.log_softmax(logits[b, k - 1], -1)[ids[a + k]]
+                num, den = num + w[k - 1] * nll, den + w[k - 1]
+    torch.testing.assert_close(loss, num / den)
+
+
+def test_kl_matches_reference_and_vanishes_for_the_teacher():
+    torch.manual_seed(0)
+    teacher, anchors = torch.randn(12, V), torch.tensor([1, 4, 6])
+    ids, (pos, _) = torch.randint(0, V, (12,)), slot_targets(anchors, 12, 5)
+    logits = torch.randn(3, 4, V)
+    ref = F.kl_div(torch.log_softmax(logits, -1), torch.log_softmax(teacher[pos - 1], -1), log_target=True,
+                   reduction="none").sum(-1)
+    torch.testing.assert_close(slot_losses(logits, pos, "kl", ids, teacher), ref, atol=1e-5, rtol=1e-5)
+    assert slot_losses(teacher[pos - 1], pos, "kl", ids, teacher).abs().max() < 1e-5
+
+
+def test_anchors_lie_in_the_response_and_are_reproducible():
+    g = lambda: torch.Generator().manual_seed(1)  # noqa: E731
+    a = sample_anchors(5, 20, 8, g())
+    assert torch.equal(a, sample_anchors(5, 20, 8, g())) and a.unique().numel() == 8
+    assert a.min() >= 5 and a.max() <= 18
+    assert sample_anchors(5, 9, 8, g()).tolist() == [5, 6, 7]  # fewer available than asked
+    cfg = TrainConfig(anchors_per_seq=4)
+    assert torch.equal(anchors_at(17, 5, 30, cfg), anchors_at(17, 5, 30, cfg))
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    f = [lr_factor(s, 100, 0.1) for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[9:], f[10:])) and lr_factor(100, 100, 0.1) == pytest.approx(0.0)
+
+
+def test_simulated_tau_formula():
+    assert simulated_tau([0.5, 0.5, 0.0]) == pytest.approx(1 + 0.5 + 0.25)
+    assert simulated_tau([1.0] * 15) == pytest.approx(16.0)
+    assert simulated_tau([0.0, 1.0]) == pytest.approx(1.0)
+
+
+def test_depth_accuracy_counts_valid_slots_only():
+    pred = torch.tensor([[1, 2, 3], [1, 9, 9]])
+    truth = torch.tensor([[1, 2, 0], [1, 2, 3]])
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    correct, count = depth_accuracy(pred, truth, valid)
+    assert correct.tolist() == [2, 1, 0] and count.tolist() == [2, 2, 1]
+
+
+# ----------------------------------------------------------------------------- training
+@pytest.mark.parametrize("causal", [True, False])
+def test_steps_lower_the_loss_on_a_fixed_batch(target, causal):
+    cfg = TrainConfig(causal=causal, block_size=5, anchors_per_seq=6, init="random")
+    head = build_head(cfg, target)
+    blocks, opt = BlockForward(head), torch.optim.AdamW(head.parameters(), lr=3e-3, weight_decay=0.0)
+    batch = [(torch.tensor(r["prompt_ids"] + r["response_ids"]), len(r["prompt_ids"])) for r in fake_rows(2)]
+    batch = [(ids, p, sample_anchors(p, ids.numel(), 6, torch.Generator().manual_seed(0))) for ids, p in batch]
+    losses = []
+    for _ in range(15):
+        loss = sum(sequence_loss(blocks, target, ids, a, cfg)[0] for ids, p, a in batch) / len(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+    assert all(p.grad is None for p in target.model.parameters())  # nothing flows into the target
+
+
+def test_evaluate_reports_every_depth(target):
+    head = build_head(TrainConfig(block_size=5), target)
+    seqs = [(torch.tensor(r["prompt_ids"] + r["response_ids"]), len(r["prompt_ids"])) for r in fake_rows(2)]
+    ev = evaluate(head, target, seqs, stride=2, chunk=3)
+    assert len(ev["acc"]) == 4 and all(0 <= a <= 1 for a in ev["acc"])
+    assert ev["sim_tau"] == pytest.approx(simulated_tau(ev["acc"]))
+    assert ev == evaluate(head, target, seqs, stride=2, chunk=64)  # chunking changes nothing
+
+
+def test_resume_matches_an_uninterrupted_run(target, data, tmp_path):
+    straight, _ = train(smoke(data, tmp_path / "a"), target, progress=False)
+    train(smoke(data, tmp_path / "b"), target, stop_at=2, progress=False)
+    state = json.loads((tmp_path / "b" / "checkpoint" / "train_state.json").read_text())
+    assert state["step"] == 2 and state["data_position"] == 4
+    resumed, history = train(smoke(data, tmp_path / "b"), target, progress=False)
+    assert [h["step"] for h in history] == [0, 1, 2, 3, 4]
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
+    lines = (tmp_path / "b" / "history.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2, 3, 4]
+    again, history = train(smoke(data, tmp_path / "b"), target, progress=False)  # finished: nothing to do
+    assert len(history) == 5 and torch.equal(again.fc.weight, resumed.fc.weight)
+
+
+def test_resume_refuses_another_config(target, data, tmp_path):
+    train(smoke(data, tmp_path), target, stop_at=2, progress=False)
+    with pytest.raises(ValueError, match="gamma"):
+        train(smoke(data, tmp_path, gamma=3.0), target, progress=False)
+
+
+def test_outputs_and_provenance(target, data, tmp_path):
+    cfg = smoke(data, tmp_path / "run", gamma=2.0)
+    head, history = train(cfg, target, progress=False)
+    out = tmp_path / "run"
+    assert DraftHead.from_pretrained(str(out)).config == head.config
+    assert load_file(str(out / "model.safetensors"))["fc.weight"].dtype == torch.bfloat16
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["command"] == command_for(cfg) and "--gamma 2.0" in prov["command"]
+    assert prov["steps"] == 4 and prov["seed"] == 0 and prov["config"]["gamma"] == 2.0
+    assert prov["data"]["sequences"] == 5 and prov["data"]["eval_sequences"] == 1
+    assert prov["data"]["mix"] == {"src0": 3, "src1": 2}
+    assert prov["final"]["acc"] == history[-1]["acc"] and prov["final"]["sim_tau"] == history[-1]["sim_tau"]
+    assert prov["tokens"]["supervised_slots"] > 0 and "torch" in prov["versions"]
+    md = (out / "PROVENANCE.md").read_text()
+    assert prov["command"] in md and prov["data"]["sha256"] in md
+
+
+def test_command_rebuilds_the_config(data, tmp_path):
+    cfg = dataclasses.replace(smoke(data, tmp_path), causal=False, lr=2e-3, max_len=64, init="random")
+    argv = shlex.split(command_for(cfg))
+    assert argv[:4] == ["python", "-m", "jetflow", "train"] and "--bidirectional" in argv
+    args = build_parser().parse_args(argv[3:])
+    assert train_config(args) == dataclasses.replace(cfg, data=args.data, out=args.out)
+
+
+def test_cli_missing_data_is_a_clear_error(tmp_path, capsys):
+    assert main(["train", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--set", "max_len"], ["--set", "nope=1"], ["--set", "causal=maybe"],
+                                   ["--preset", "huge"]])
+def test_cli_bad_arguments_are_clear_errors(data, tmp_path, capsys, extra):
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "o"), *extra]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [dict(loss="mse"), dict(steps=0), dict(gamma=-1.0), dict(init="zeros")])
+def test_bad_config_is_rejected(bad):
+    with pytest.raises(ValueError):
+        TrainConfig(**bad)
