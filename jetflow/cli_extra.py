@@ -78,6 +78,7 @@ def train_config(args):
     import dataclasses
     from .train import TrainConfig, parse_set
     flags = {"model": args.model, "causal": args.causal, "gamma": args.gamma, "loss": args.loss,
+             "gamma_start": args.gamma_start, "curriculum": args.curriculum,
              "steps": args.steps, "lr": args.lr, "anchors_per_seq": args.anchors,
              "seqs_per_step": args.seqs_per_step, "eval_every": args.eval_every,
              "save_every": args.save_every, "seed": args.seed}
@@ -105,6 +106,9 @@ def add_train(sub) -> None:
     mode.add_argument("--bidirectional", dest="causal", action="store_const", const=False,
                       help="DFlash's bidirectional block")
     t.add_argument("--gamma", type=float, default=None, help="depth weights exp(-(k-1)/gamma); 0 = uniform")
+    t.add_argument("--gamma-start", type=float, default=None,
+                   help="depth curriculum: start from this gamma's weights (e.g. 0.5) and move to --gamma's")
+    t.add_argument("--curriculum", type=float, default=None, help="fraction of steps the curriculum takes")
     t.add_argument("--loss", choices=["kl", "ce"], default=None)
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--lr", type=float, default=None)

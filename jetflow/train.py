@@ -62,6 +62,9 @@ class TrainConfig:
     num_layers: int = 2           # draft decoder layers (= taps)
     block_size: int = 16          # N: anchor + 15 draftable depths
     gamma: float = 0.0            # depth weights exp(-(k-1)/gamma); 0 = uniform (JetFlow), DFlash uses 7
+    gamma_start: float | None = None  # depth curriculum: weights start at this gamma (e.g. 0.5: depth 1
+                                  # dominates) and move linearly to ``gamma``'s over ``curriculum`` x steps
+    curriculum: float = 0.5       # fraction of the steps the curriculum takes (with gamma_start only)
     loss: str = "kl"              # "kl": forward KL to the target's distribution; "ce": regenerated tokens
     anchors_per_seq: int = 512    # random anchors inside each response (paper: up to 512)
     seqs_per_step: int = 16       # sequences per optimiser step (accumulated, split across processes)
@@ -88,6 +91,8 @@ class TrainConfig:
             (self.dtype not in DTYPES, f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"),
             (self.block_size < 2 or self.max_len < 3, "block_size must be >= 2 and max_len >= 3"),
             (self.gamma < 0 or self.lr <= 0 or self.grad_clip <= 0, "need gamma >= 0, lr > 0, grad_clip > 0"),
+            (self.gamma_start is not None and self.gamma_start < 0, "gamma_start must be >= 0"),
+            (not 0 < self.curriculum <= 1, f"curriculum must lie in (0, 1], got {self.curriculum}"),
             (not 0 <= self.warmup < 1, f"warmup must lie in [0, 1), got {self.warmup}")] if bad]
         if problems:
             raise ValueError("; ".join(problems))
@@ -117,6 +122,17 @@ def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:
     if gamma == 0:
         return torch.ones(n_depths)
     return torch.exp(-torch.arange(n_depths, dtype=torch.float32) / gamma)
+
+
+def curriculum_weights(n_depths: int, cfg: "TrainConfig", step: int) -> torch.Tensor:
+    """(D,) depth weights at ``step``: gamma's, or with ``gamma_start`` a linear blend that moves from
+    gamma_start's weights to gamma's over the first ``curriculum`` fraction of the steps. Early in
+    training the deep, nearly unpredictable depths otherwise swamp depth 1 (FIELD_NOTES.md)."""
+    final = depth_weights(n_depths, cfg.gamma)
+    if cfg.gamma_start is None:
+        return final
+    s = min(1.0, step / max(1.0, cfg.curriculum * cfg.steps))
+    return (1 - s) * depth_weights(n_depths, cfg.gamma_start) + s * final
 
 
 def lr_factor(step: int, steps: int, warmup: float) -> float:
@@ -208,14 +224,14 @@ def target_pass(target, ids: torch.Tensor, taps: tuple[int, ...]) -> tuple[torch
     return step.logits.to(ids.device), step.taps.to(ids.device)
 
 
-def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig) -> tuple[torch.Tensor, int]:
+def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0) -> tuple[torch.Tensor, int]:
     """Depth-weighted loss of all blocks of one sequence, and its number of supervised slots."""
     c = _unwrap(blocks).head.config
     teacher_logits, taps = target_pass(target, ids, c.target_layer_ids)
     logits = block_logits(blocks, target, taps, ids, anchors)                           # (nb, D, V)
     pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
     per_slot = slot_losses(logits, pos, cfg.loss, ids, teacher_logits)
-    return masked_mean(per_slot, valid, depth_weights(c.block_size - 1, cfg.gamma)), int(valid.sum())
+    return masked_mean(per_slot, valid, curriculum_weights(c.block_size - 1, cfg, step)), int(valid.sum())
 
 
 @torch.no_grad()
@@ -310,7 +326,7 @@ def train_step(run: Run, first: int) -> tuple[float, Counter]:
         anchors = anchors_at(position, p, ids.numel(), cfg).to(acc.device)
         # under DDP, all-reduce the gradients once per step, after the last sequence
         with acc.no_sync(run.blocks) if i < len(mine) - 1 else contextlib.nullcontext():
-            loss, slots = sequence_loss(run.blocks, run.target, ids, anchors, cfg)
+            loss, slots = sequence_loss(run.blocks, run.target, ids, anchors, cfg, first // cfg.seqs_per_step)
             acc.backward(loss / len(mine))
         losses.append(loss.detach())
         counts += torch.tensor([ids.numel(), ids.numel() - p, slots])
@@ -456,7 +472,7 @@ def read_history(run: Run, step: int) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- provenance
-CLI_FLAGS = {"model": "--model", "gamma": "--gamma", "loss": "--loss", "steps": "--steps", "lr": "--lr",
+CLI_FLAGS = {"model": "--model", "gamma": "--gamma", "gamma_start": "--gamma-start", "curriculum": "--curriculum", "loss": "--loss", "steps": "--steps", "lr": "--lr",
              "anchors_per_seq": "--anchors", "seqs_per_step": "--seqs-per-step", "eval_every": "--eval-every",
              "save_every": "--save-every", "seed": "--seed"}
 

@@ -15,7 +15,7 @@ from jetflow.cli_extra import train_config
 from jetflow.head import DraftHead
 from jetflow.target import Target
 from jetflow.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, depth_accuracy,
-                           depth_weights, evaluate, lr_factor, masked_mean, sample_anchors,
+                           curriculum_weights, depth_weights, evaluate, lr_factor, masked_mean, sample_anchors,
                            sequence_loss, simulated_tau, slot_losses, slot_targets, train)
 from conftest import ByteTokenizer, tiny_model
 
@@ -211,3 +211,13 @@ def test_cli_bad_arguments_are_clear_errors(data, tmp_path, capsys, extra):
 def test_bad_config_is_rejected(bad):
     with pytest.raises(ValueError):
         TrainConfig(**bad)
+
+
+def test_curriculum_moves_from_gamma_start_to_gamma():
+    cfg = TrainConfig.from_name("smoke", steps=100, gamma=0.0, gamma_start=0.5, curriculum=0.5)
+    assert torch.allclose(curriculum_weights(4, cfg, 0), depth_weights(4, 0.5))
+    assert torch.allclose(curriculum_weights(4, cfg, 25), 0.5 * depth_weights(4, 0.5) + 0.5 * torch.ones(4))
+    assert torch.allclose(curriculum_weights(4, cfg, 50), torch.ones(4))
+    assert torch.allclose(curriculum_weights(4, cfg, 99), torch.ones(4))
+    plain = TrainConfig.from_name("smoke", gamma=7.0)
+    assert torch.allclose(curriculum_weights(4, plain, 0), depth_weights(4, 7.0))
