@@ -120,6 +120,7 @@ def tree_figure(round_or_tree, *, decode: Decode | None = None, target_choice: S
         fig.add_trace(_nodes("nodes", idx, x, y, hover, dict(
             size=size, symbol=symbols, color=score, line=dict(color="white", width=1), **colour)))
         return fig
+    fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0))  # clear of the colour bar
     ex, ey = _edges(x, y, zip(path[:-1], path[1:]))
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", name="accepted path", line=dict(color=PATH, width=4),
                              hoverinfo="skip"))
@@ -150,6 +151,17 @@ def render_round(result, round_index: int, decode: Decode | None = None) -> go.F
     title = (f"Round {round_index + 1}/{n}: {len(rnd.committed)} committed "
              f"({rnd.accepted} accepted + bonus), budget {rnd.tree.budget}")
     return tree_figure(rnd, decode=decode, title=title)
+
+
+def round_summary(result, round_index: int) -> dict:
+    """The numbers ``render_round(result, round_index)`` draws: round (0-based) of rounds, draft nodes
+    (root excluded), deepest depth, accepted drafts and tokens committed (accepted + bonus)."""
+    n = len(result.rounds)
+    if not 0 <= round_index < n:
+        raise IndexError(f"round_index must be in [0, {n}), got {round_index}")
+    rnd = result.rounds[round_index]
+    return {"round": round_index, "rounds": n, "nodes": rnd.tree.budget, "depth": int(rnd.tree.depth.max()),
+            "accepted": rnd.accepted, "committed": len(rnd.committed)}
 
 
 # ----------------------------------------------------------------------------- masks
@@ -329,3 +341,69 @@ def training_curves(history: Sequence[dict], depths: Sequence[int] | None = None
     fig.update_layout(template=TEMPLATE, title=dict(
         text="Training", subtitle=dict(text="simulated tau = 1 + sum_k prod_{i<=k} acc_i")))
     return fig
+
+
+# ----------------------------------------------------------------------------- widgets
+class TreeExplorer:
+    """A thin ipywidgets shell over ``render_round`` and ``acceptance_heatmap``.
+
+    ``results`` maps (prompt, method, budget) to a decode Result (each with >= 1 round). Dropdowns
+    pick the prompt and method, sliders the budget and the round; the tree of the selected round and
+    the heatmap of the selected run redraw on every change. ``controls`` holds the four widgets by
+    name, so setting ``explorer.controls["method"].value = "lookup"`` from Python acts like a click,
+    and ``summary()`` returns ``round_summary`` of what is on screen. Display the object itself.
+    """
+
+    def __init__(self, results, decode: Decode | None = None):
+        import ipywidgets as widgets
+        if not results or any(not r.rounds for r in results.values()):
+            raise ValueError("TreeExplorer needs at least one result, each with at least one round")
+        self.results, self.decode = dict(results), decode
+        keys = list(self.results)
+        prompts, methods, budgets = (list(dict.fromkeys(k[i] for k in keys)) for i in range(3))
+        self.controls = {
+            "prompt": widgets.Dropdown(options=prompts, description="prompt"),
+            "method": widgets.Dropdown(options=methods, description="method"),
+            "budget": widgets.SelectionSlider(options=budgets, description="budget"),
+            "round": widgets.IntSlider(value=0, min=0, max=0, description="round"),
+        }
+        self.label, self.tree_view, self.heat_view = widgets.HTML(), widgets.Output(), widgets.Output()
+        for name in ("prompt", "method", "budget"):
+            self.controls[name].observe(self._on_run, names="value")
+        self.controls["round"].observe(self._on_round, names="value")
+        c = self.controls
+        self.box = widgets.VBox([widgets.HBox([c["prompt"], c["method"]]), widgets.HBox([c["budget"], c["round"]]),
+                                 self.label, self.tree_view, self.heat_view])
+        self._on_run()
+
+    @property
+    def result(self):
+        """The Result of the selected (prompt, method, budget)."""
+        key = tuple(self.controls[k].value for k in ("prompt", "method", "budget"))
+        if key not in self.results:
+            raise KeyError(f"no result for (prompt, method, budget) = {key}")
+        return self.results[key]
+
+    def summary(self) -> dict:
+        return round_summary(self.result, self.controls["round"].value)
+
+    def _on_run(self, change=None) -> None:
+        from IPython.display import display
+        result = self.result
+        self.controls["round"].max = len(result.rounds) - 1  # clamps the value, which redraws the tree
+        self.heat_view.clear_output(wait=True)
+        with self.heat_view:
+            display(acceptance_heatmap(result))
+        self._on_round()
+
+    def _on_round(self, change=None) -> None:
+        from IPython.display import display
+        s = self.summary()
+        self.label.value = (f"round {s['round'] + 1}/{s['rounds']}: {s['nodes']} draft nodes, depth {s['depth']}, "
+                            f"{s['accepted']} accepted + bonus = {s['committed']} committed")
+        self.tree_view.clear_output(wait=True)
+        with self.tree_view:
+            display(render_round(self.result, s["round"], self.decode))
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.box._repr_mimebundle_(**kwargs)

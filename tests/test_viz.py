@@ -131,6 +131,16 @@ def test_render_round():
         viz.render_round(result, 4)
 
 
+def test_round_summary():
+    result = Result(prompt_ids=[1], tokens=[], text="", rounds=rounds_hand())
+    assert viz.round_summary(result, 1) == {"round": 1, "rounds": 4, "nodes": 6, "depth": 3, "accepted": 2,
+                                            "committed": 3}
+    assert viz.round_summary(result, 3) == {"round": 3, "rounds": 4, "nodes": 3, "depth": 3, "accepted": 3,
+                                            "committed": 4}
+    with pytest.raises(IndexError, match=r"\[0, 4\)"):
+        viz.round_summary(result, -1)
+
+
 # ----------------------------------------------------------------------------- masks
 def block_mask_reference(n_ctx, n, causal):
     return torch.tensor([[k < n_ctx or not causal or k - n_ctx <= q for k in range(n_ctx + n)]
@@ -275,3 +285,44 @@ def test_training_curves():
     assert len(viz.training_curves(history, depths=[3]).to_dict()["data"]) == 3
     with pytest.raises(ValueError, match="depths must lie"):
         viz.training_curves(history, depths=[16])
+
+
+# ----------------------------------------------------------------------------- widgets
+def explorer_results():
+    """(prompt, method, budget) -> Result: 4 hand rounds, 2 rounds, 1 root-only round."""
+    hand = Result(prompt_ids=[1], tokens=[], text="", rounds=rounds_hand())
+    short = Result(prompt_ids=[1], tokens=[], text="", rounds=rounds_hand()[:2])
+    root_only = Result(prompt_ids=[1], tokens=[], text="", rounds=[make_round(Tree.from_lists([5], [-1]), [0])])
+    return {("p", "a", 4): hand, ("p", "a", 16): short, ("p", "b", 4): root_only, ("p", "b", 16): hand}
+
+
+def test_tree_explorer_controls_drive_the_summary():
+    pytest.importorskip("ipywidgets")
+    ex = viz.TreeExplorer(explorer_results(), decode=decode)
+    c = ex.controls
+    assert list(c["method"].options) == ["a", "b"] and list(c["budget"].options) == [4, 16]
+    assert ex.summary() == viz.round_summary(explorer_results()["p", "a", 4], 0)
+    assert c["round"].max == 3
+    c["round"].value = 3
+    assert ex.summary()["round"] == 3 and "round 4/4" in ex.label.value
+    c["budget"].value = 16  # 2 rounds: the round slider shrinks and clamps
+    assert c["round"].max == 1 and ex.summary() == viz.round_summary(explorer_results()["p", "a", 16], 1)
+    c["method"].value = "b"
+    assert ex.summary()["rounds"] == 4 and ex.result is ex.results["p", "b", 16]
+    c["budget"].value = 4
+    assert ex.summary() == {"round": 0, "rounds": 1, "nodes": 0, "depth": 0, "accepted": 0, "committed": 1}
+    assert "application/vnd.jupyter.widget-view+json" in ex._repr_mimebundle_()
+
+
+def test_tree_explorer_errors():
+    pytest.importorskip("ipywidgets")
+    with pytest.raises(ValueError, match="at least one result"):
+        viz.TreeExplorer({})
+    empty = Result(prompt_ids=[1], tokens=[], text="", rounds=[])
+    with pytest.raises(ValueError, match="at least one round"):
+        viz.TreeExplorer({("p", "a", 4): empty})
+    partial = {k: v for k, v in explorer_results().items() if k != ("p", "b", 16)}
+    ex = viz.TreeExplorer(partial)
+    ex.controls["method"].value = "b"
+    with pytest.raises(KeyError, match="no result"):  # raised by the redraw the change triggers
+        ex.controls["budget"].value = 16
