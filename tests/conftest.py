@@ -2,33 +2,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoTokenizer
 
+from fakes import ByteTokenizer, tiny_model
 from jetflow.target import Target, embedded_gguf, load_target
-
-
-class ByteTokenizer:
-    """A stand-in tokenizer for tiny-vocabulary models: ids are shown as numbers."""
-    eos_token_id = None
-    chat_template = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
-
-
-def tiny_model(arch: str, vocab: int, seed: int = 0, eos: int | None = None):
-    torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  initializer_range=0.3, tie_word_embeddings=False)
-    if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    else:
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, **common))
-    model.generation_config.eos_token_id = eos
-    model.generation_config.pad_token_id = 0
-    return model.eval().requires_grad_(False)
 
 
 @pytest.fixture(scope="session")

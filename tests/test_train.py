@@ -17,7 +17,7 @@ from jetflow.target import Target
 from jetflow.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, depth_accuracy,
                            curriculum_weights, depth_weights, evaluate, lr_factor, masked_mean, sample_anchors,
                            sequence_loss, simulated_tau, slot_losses, slot_targets, train)
-from conftest import ByteTokenizer, tiny_model
+from fakes import ByteTokenizer, tiny_model
 
 V = 211
 
