@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree import Tree, accum_logp
+from .head import DraftHead, HeadState, check_compatible, draft_logp
+from .tree import BUILDERS, Tree, accum_logp
 
 
 @dataclass
@@ -112,6 +113,12 @@ TRAINING_FREE = ("random", "lookup")
 
 
 @dataclass
+class HeadDraftState:
+    """Decoding state of a head proposer: the head's cached context K/V (None before the prompt)."""
+    head: HeadState | None = None
+
+
+@dataclass
 class HeadProposer:
     """A trained draft head plus a tree builder: ``jetflow`` (causal head + Algorithm 1),
     ``dflash`` (bidirectional head + chain), ``ddtree`` (bidirectional head + best prefixes)."""
@@ -124,25 +131,21 @@ class HeadProposer:
     def taps(self) -> tuple:
         return tuple(self.head.config.target_layer_ids)
 
-    def start(self, prompt_ids):
-        return {"head": None}
+    def start(self, prompt_ids) -> HeadDraftState:
+        return HeadDraftState()
 
-    def depth_logp(self, state, tokens, new_taps) -> torch.Tensor:
+    def depth_logp(self, state: HeadDraftState, tokens, new_taps) -> torch.Tensor:
         """(N-1, V) draft log-probs for depths 1..N-1 after feeding the new taps."""
-        from .head import draft_logp
-        state["head"] = self.head.extend(state["head"], new_taps.to(self.head.fc.weight.dtype))
+        state.head = self.head.extend(state.head, new_taps.to(self.head.fc.weight.dtype))
         model = self.target.model
-        return draft_logp(self.head, state["head"], tokens[-1], model.get_input_embeddings(),
+        return draft_logp(self.head, state.head, tokens[-1], model.get_input_embeddings(),
                           model.get_output_embeddings())
 
-    def propose(self, state, tokens, new_taps, budget) -> Tree:
-        from .tree import best_prefix, chain
+    def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
         logp = self.depth_logp(state, tokens, new_taps)
-        if self.builder == "chain":
-            return chain(logp, budget, tokens[-1])
-        if self.builder == "best_prefix":
-            return best_prefix(logp, budget, tokens[-1])
-        return accum_logp(logp, budget, tokens[-1], self.width)
+        if self.builder == "accum_logp":
+            return accum_logp(logp, budget, tokens[-1], self.width)
+        return BUILDERS[self.builder](logp, budget, tokens[-1])
 
 
 HEAD_METHODS = {"jetflow": ("jetflow", "accum_logp"), "dflash": ("dflash", "chain"),
@@ -170,7 +173,6 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
         return LookupProposer()
     if method == "random":
         return RandomProposer(target.config.vocab_size)
-    from .head import DraftHead, check_compatible
     kind, builder = HEAD_METHODS[method]
     path = head or shipped_head_dir(kind)
     draft = DraftHead.from_pretrained(str(path), dtype=target.dtype).to(target.device)
