@@ -81,7 +81,7 @@ def train_config(args):
              "gamma_start": args.gamma_start, "curriculum": args.curriculum,
              "steps": args.steps, "lr": args.lr, "anchors_per_seq": args.anchors,
              "seqs_per_step": args.seqs_per_step, "eval_every": args.eval_every,
-             "save_every": args.save_every, "seed": args.seed}
+             "save_every": args.save_every, "seed": args.seed, "draft_vocab": args.draft_vocab}
     cfg = parse_set(TrainConfig.from_name(args.preset, data=args.data, out=args.out), args.set)
     return dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})
 
@@ -117,6 +117,8 @@ def add_train(sub) -> None:
     t.add_argument("--eval-every", type=int, default=None)
     t.add_argument("--save-every", type=int, default=None)
     t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--draft-vocab", type=int, default=None,
+                   help="draft only the K most frequent response tokens of the data (0 = whole vocabulary)")
     t.add_argument("--model", default=None, help="target hub id or local dir (default: embedded SmolLM2)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other TrainConfig field, e.g. --set max_len=256 (repeatable)")

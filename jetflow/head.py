@@ -47,6 +47,8 @@ class HeadConfig:
     num_target_layers: int = 0
     mask_token_id: int = 0            # embedded into the N-1 slots after the anchor
     causal: bool = True               # JetFlow; False = DFlash's bidirectional block
+    draft_vocab_size: int = 0         # K > 0: the head drafts only K token ids (buffer ``draft_vocab``,
+                                      # read from the training data), scored by those rows of lm_head
 
     def __post_init__(self):
         if not self.target_layer_ids:
@@ -59,10 +61,12 @@ class HeadConfig:
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
                              f"[0, {self.vocab_size})")
+        if not 0 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must lie in [0, {self.vocab_size}], got {self.draft_vocab_size}")
 
     @classmethod
     def for_target(cls, target_config, *, num_layers: int = 2, causal: bool = True, block_size: int = 16,
-                   mask_token_id: int | None = None) -> "HeadConfig":
+                   mask_token_id: int | None = None, draft_vocab_size: int = 0) -> "HeadConfig":
         """Size a head for a Llama or Qwen3 transformers config, one tap per draft layer.
 
         Default ``mask_token_id``: the largest id that is not EOS/BOS/PAD (normally ``vocab_size - 1``),
@@ -78,7 +82,8 @@ class HeadConfig:
                    head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
                    rms_norm_eps=c.rms_norm_eps, rope_theta=_rope_theta(c.to_dict()), vocab_size=c.vocab_size,
                    block_size=block_size, target_layer_ids=tap_layers(c.num_hidden_layers, num_layers),
-                   num_target_layers=c.num_hidden_layers, mask_token_id=mask_token_id, causal=causal)
+                   num_target_layers=c.num_hidden_layers, mask_token_id=mask_token_id, causal=causal,
+                   draft_vocab_size=draft_vocab_size)
 
     # Verified (search tool, not fetched at run time): the DFlashDraftModel class in
     # hao-ai-lab/JetSpec (jetflow/models/draft_head.py) has exactly the module names used here, so
@@ -88,7 +93,12 @@ class HeadConfig:
     # configs (SpecForge qwen3-*-dflash.json) use architectures ["DFlashDraftModel"] and a
     # dflash_config without "causal_head", which that class reads as bidirectional.
     def to_hf_dict(self) -> dict:
-        """The published checkpoint config: a Qwen3 config plus the DFlash fields."""
+        """The published checkpoint config: a Qwen3 config plus the DFlash fields (``draft_vocab_size``
+        is this kit's extension, written only when the head has a reduced draft vocabulary)."""
+        dflash = {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id,
+                  "causal_head": self.causal}
+        if self.draft_vocab_size:
+            dflash["draft_vocab_size"] = self.draft_vocab_size
         return {
             "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
             "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
@@ -97,9 +107,7 @@ class HeadConfig:
             "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta, "rope_scaling": None,
             "vocab_size": self.vocab_size, "hidden_act": "silu", "attention_bias": False,
             "tie_word_embeddings": False, "block_size": self.block_size,
-            "num_target_layers": self.num_target_layers,
-            "dflash_config": {"target_layer_ids": list(self.target_layer_ids),
-                              "mask_token_id": self.mask_token_id, "causal_head": self.causal},
+            "num_target_layers": self.num_target_layers, "dflash_config": dflash,
         }
 
     @classmethod
@@ -118,7 +126,8 @@ class HeadConfig:
                    head_dim=d.get("head_dim") or d["hidden_size"] // heads, rms_norm_eps=d["rms_norm_eps"],
                    rope_theta=_rope_theta(d), vocab_size=d["vocab_size"], block_size=d.get("block_size", 16),
                    target_layer_ids=tuple(taps), num_target_layers=d["num_target_layers"],
-                   mask_token_id=dflash["mask_token_id"], causal=bool(dflash.get("causal_head", False)))
+                   mask_token_id=dflash["mask_token_id"], causal=bool(dflash.get("causal_head", False)),
+                   draft_vocab_size=int(dflash.get("draft_vocab_size", 0)))
 
 
 def _as_list(x) -> list:
@@ -266,10 +275,22 @@ class DraftHead(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        if c.draft_vocab_size:  # token id of each draft-vocabulary entry; set from data before training
+            self.register_buffer("draft_vocab", torch.arange(c.draft_vocab_size))
 
     @property
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
+
+    @property
+    def vocab(self) -> torch.Tensor | None:
+        """(K,) token ids the head drafts, or None when it drafts the whole vocabulary."""
+        return getattr(self, "draft_vocab", None)
+
+    def output_weight(self, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """The rows of the target's (V, H) lm_head weight that score the draft vocabulary: (K, H)."""
+        vocab = self.vocab
+        return lm_head_weight if vocab is None else lm_head_weight[vocab.to(lm_head_weight.device)]
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
         """taps (B, T, L, H) -> context features (B, T, H)."""
@@ -302,7 +323,8 @@ class DraftHead(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         cfg = self.config.to_hf_dict() | {"dtype": str(dtype).removeprefix("torch.")}
         (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
-        weights = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        weights = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+                   for k, v in self.state_dict().items()}
         save_file(weights, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
         return out
 
@@ -334,18 +356,29 @@ def _download(hub_id: str) -> Path:
 
 
 @torch.no_grad()
-def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.Embedding,
-               lm_head: nn.Module) -> torch.Tensor:
-    """(N-1, V) float32 log-probs for depths 1..N-1: one pass over ``[anchor, MASK x (N-1)]``."""
-    c, n_ctx = head.config, state.n_ctx
-    ids = torch.tensor([anchor_token] + [c.mask_token_id] * (c.block_size - 1), device=embed.weight.device)
-    x = embed(ids)[None].to(head.dtype)                                               # (1, N, H)
-    device = head.fc.weight.device
+def draft_hidden(head: DraftHead, state: HeadState, anchor_token: int, embed_weight: torch.Tensor) -> torch.Tensor:
+    """(N-1, H) final hidden states of slots 1..N-1 (head dtype): one pass over ``[anchor, MASK x (N-1)]``."""
+    c, n_ctx, device = head.config, state.n_ctx, head.fc.weight.device
+    ids = torch.tensor([anchor_token] + [c.mask_token_id] * (c.block_size - 1), device=embed_weight.device)
+    x = F.embedding(ids, embed_weight)[None].to(device, head.dtype)                  # (1, N, H)
     positions = torch.arange(n_ctx, n_ctx + c.block_size, device=device)[None]        # (1, N)
     mask = block_mask(n_ctx, c.block_size, c.causal, device=device)[None]             # (1, N, n_ctx+N)
-    hidden = head(x.to(device), positions, state.kv, mask)[0, 1:]                     # (N-1, H)
-    logits = lm_head(hidden.to(next(lm_head.parameters()).dtype))                    # (N-1, V)
-    return torch.log_softmax(logits.float(), dim=-1)
+    return head(x, positions, state.kv, mask)[0, 1:]
+
+
+@torch.no_grad()
+def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.Embedding,
+               lm_head: nn.Module) -> torch.Tensor:
+    """(N-1, V) float32 log-probs for depths 1..N-1 over the whole vocabulary (-inf outside a reduced
+    draft vocabulary). The decode loop's proposers use the faster ``HeadProposer.depth_logp``."""
+    hidden = draft_hidden(head, state, anchor_token, embed.weight)
+    weight = head.output_weight(lm_head.weight)
+    logp = torch.log_softmax(F.linear(hidden.to(weight.dtype), weight).float(), dim=-1)  # (N-1, K)
+    vocab = head.vocab
+    if vocab is None:
+        return logp
+    full = logp.new_full((logp.shape[0], lm_head.weight.shape[0]), float("-inf"))
+    return full.index_copy_(1, vocab.to(full.device), logp)
 
 
 @torch.no_grad()

@@ -11,11 +11,15 @@ built from a trained ``DraftHead`` by ``head_proposer``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
-from .head import DraftHead, HeadState, check_compatible, draft_logp
+from .head import DraftHead, HeadState, check_compatible, draft_hidden
 from .tree import BUILDERS, Tree, accum_logp
 
 
@@ -118,14 +122,35 @@ class HeadDraftState:
     head: HeadState | None = None
 
 
+def default_draft_dtype(target) -> torch.dtype:
+    """bf16 where it is fast (CUDA, or a CPU with AVX-512 BF16/AMX), else the target's dtype.
+
+    The draft's precision never touches losslessness (the target verifies every token in its own
+    dtype); on this kind of CPU an fp32 lm_head over 15 rows costs most of an fp32 AR step, bf16 ~1/7."""
+    if target.device.type == "cuda" or (target.device.type == "cpu"
+                                         and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return torch.bfloat16
+    return target.dtype
+
+
 @dataclass
 class HeadProposer:
     """A trained draft head plus a tree builder: ``jetflow`` (causal head + Algorithm 1),
-    ``dflash`` (bidirectional head + chain), ``ddtree`` (bidirectional head + best prefixes)."""
+    ``dflash`` (bidirectional head + chain), ``ddtree`` (bidirectional head + best prefixes).
+
+    The head runs in its own dtype (``head.dtype``); the target's embedding and the lm_head rows of the
+    head's draft vocabulary are copied once into that dtype."""
     head: torch.nn.Module
     target: object
     builder: str = "accum_logp"
     width: int = 7
+    _embed: torch.Tensor = field(init=False, repr=False)
+    _out: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self):
+        model, dtype = self.target.model, self.head.dtype
+        self._embed = model.get_input_embeddings().weight.detach().to(dtype)
+        self._out = self.head.output_weight(model.get_output_embeddings().weight.detach()).to(dtype).contiguous()
 
     @property
     def taps(self) -> tuple:
@@ -135,17 +160,24 @@ class HeadProposer:
         return HeadDraftState()
 
     def depth_logp(self, state: HeadDraftState, tokens, new_taps) -> torch.Tensor:
-        """(N-1, V) draft log-probs for depths 1..N-1 after feeding the new taps."""
-        state.head = self.head.extend(state.head, new_taps.to(self.head.fc.weight.dtype))
-        model = self.target.model
-        return draft_logp(self.head, state.head, tokens[-1], model.get_input_embeddings(),
-                          model.get_output_embeddings())
+        """(N-1, K) fp32 draft log-probs for depths 1..N-1 after feeding the new taps; column i is
+        token ``head.vocab[i]`` (token i when the head drafts the whole vocabulary, K = V)."""
+        state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))
+        hidden = draft_hidden(self.head, state.head, tokens[-1], self._embed)
+        return torch.log_softmax(F.linear(hidden, self._out).float(), dim=-1)
 
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
         logp = self.depth_logp(state, tokens, new_taps)
         if self.builder == "accum_logp":
-            return accum_logp(logp, budget, tokens[-1], self.width)
-        return BUILDERS[self.builder](logp, budget, tokens[-1])
+            tree = accum_logp(logp, budget, tokens[-1], self.width)
+        else:
+            tree = BUILDERS[self.builder](logp, budget, tokens[-1])
+        vocab = self.head.vocab
+        if vocab is None:
+            return tree
+        ids = tree.tokens.clone()
+        ids[1:] = vocab.cpu()[ids[1:]]  # draft-vocabulary columns -> token ids (the root is the anchor)
+        return dataclasses.replace(tree, tokens=ids)
 
 
 HEAD_METHODS = {"jetflow": ("jetflow", "accum_logp"), "dflash": ("dflash", "chain"),
@@ -156,15 +188,15 @@ METHODS = ("ar", "lookup", "random", *HEAD_METHODS)
 def shipped_head_dir(kind: str):
     """Directory of the head shipped for the embedded target: data/heads/smollm2-135m-{kind}
     (``$JETFLOW_HEADS_DIR`` replaces data/heads, e.g. to try freshly trained heads)."""
-    import os
-    from pathlib import Path
     root = os.environ.get("JETFLOW_HEADS_DIR") or Path(__file__).resolve().parent.parent / "data" / "heads"
     return Path(root) / f"smollm2-135m-{kind}"
 
 
-def make_proposer(method: str, target, *, head: str | None = None, width: int = 7):
+def make_proposer(method: str, target, *, head: str | None = None, width: int = 7,
+                  draft_dtype: torch.dtype | None = None):
     """Proposer for a method name (``ar`` -> None); head methods load ``head`` (a directory or hub id,
-    default: the head shipped for the embedded target)."""
+    default: the head shipped for the embedded target) in ``draft_dtype`` (default:
+    ``default_draft_dtype(target)``)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     if method == "ar":
@@ -175,6 +207,7 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
         return RandomProposer(target.config.vocab_size)
     kind, builder = HEAD_METHODS[method]
     path = head or shipped_head_dir(kind)
-    draft = DraftHead.from_pretrained(str(path), dtype=target.dtype).to(target.device)
+    draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
+    draft = draft.to(target.device)
     check_compatible(draft.config, target.config)
     return HeadProposer(draft, target, builder, width)

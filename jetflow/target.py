@@ -74,7 +74,7 @@ class Target:
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
-        return set(eos if isinstance(eos, (list, tuple)) else [eos])
+        return {e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None}
 
     def encode(self, prompt: str, chat: bool = True) -> torch.Tensor:
         """(T,) long prompt ids, through the chat template when the tokenizer has one."""

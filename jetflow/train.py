@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import shlex
@@ -74,6 +75,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     max_len: int = 3072           # truncate prompt + response
     init: str = "target"          # "target": init_from_target; "random" stalls (FIELD_NOTES.md)
+    draft_vocab: int = 0          # K > 0: draft only the K most frequent response tokens of the training
+                                  # data (plus EOS): a K-row lm_head, cheaper to train and to draft with
     seed: int = 0
     eval_every: int = 1000        # steps between evaluations (step 0 and the last step always)
     eval_seqs: int = 64           # held out: the last eval_seqs rows of the file, never trained on
@@ -85,6 +88,7 @@ class TrainConfig:
         ints = ("num_layers", "anchors_per_seq", "seqs_per_step", "steps", "eval_every", "eval_seqs",
                 "eval_stride", "save_every")
         problems = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ints if getattr(self, k) < 1]
+        problems += [f"draft_vocab must be >= 0, got {self.draft_vocab}"] if self.draft_vocab < 0 else []
         problems += [msg for bad, msg in [
             (self.loss not in ("kl", "ce"), f"loss must be kl or ce, got {self.loss!r}"),
             (self.init not in ("target", "random"), f"init must be target or random, got {self.init!r}"),
@@ -157,9 +161,10 @@ def slot_targets(anchors: torch.Tensor, seq_len: int, block_size: int) -> tuple[
 
 def slot_losses(logits: torch.Tensor, pos: torch.Tensor, kind: str, ids: torch.Tensor,
                 teacher_logits: torch.Tensor | None = None) -> torch.Tensor:
-    """(nb, D) loss of logits (nb, D, V); slot (b, k) predicts ids[pos[b, k]]. "ce": -log q(ids[pos]);
-    "kl": KL(p || q), p = the teacher at pos - 1 (teacher_logits (S, V)). The teacher's softmax and
-    entropy are taken once per position (S rows), not once per slot (nb*D rows, ~2.7x more here)."""
+    """(nb, D) loss of logits (nb, D, K); slot (b, k) predicts ids[pos[b, k]], ids given as columns of
+    the logits (draft-vocabulary indices). "ce": -log q(ids[pos]); "kl": KL(p || q), p = the teacher at
+    pos - 1 (teacher_logits (S, K), same columns). The teacher's softmax and entropy are taken once per
+    position (S rows), not once per slot (nb*D rows, ~2.7x more here)."""
     logq = torch.log_softmax(logits.float(), dim=-1)                                    # (nb, D, V)
     if kind == "ce":
         return -logq.gather(-1, ids[pos][..., None])[..., 0]
@@ -207,30 +212,58 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 
 def block_logits(blocks: nn.Module, target, taps, ids, anchors) -> torch.Tensor:
-    """(nb, D, V) fp32 logits of slots 1..D, through the target's embedding and lm_head (detached)."""
+    """(nb, D, K) fp32 logits of slots 1..D over the head's draft vocabulary (K = V without one),
+    through the target's embedding and lm_head rows (detached)."""
     c = _unwrap(blocks).head.config
     block_ids = torch.full((anchors.numel(), c.block_size), c.mask_token_id, device=ids.device)
     block_ids[:, 0] = ids[anchors]
     x = F.embedding(block_ids.view(-1), target.model.get_input_embeddings().weight.detach())  # (nb*N, H)
     hidden = blocks(taps, x, anchors)                                                   # (nb, D, H)
-    lm = target.model.get_output_embeddings()
-    bias = None if getattr(lm, "bias", None) is None else lm.bias.detach()
-    return F.linear(hidden.to(lm.weight.dtype), lm.weight.detach(), bias).float()
+    head, lm = _unwrap(blocks).head, target.model.get_output_embeddings()
+    bias = None if getattr(lm, "bias", None) is None else head.output_weight(lm.bias.detach()[:, None])[:, 0]
+    weight = head.output_weight(lm.weight.detach())                                     # (K, H)
+    return F.linear(hidden.to(weight.dtype), weight, bias).float()
 
 
-def target_pass(target, ids: torch.Tensor, taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The frozen target over a whole sequence (S,): logits (S, V) fp32, taps (S, L, H), on ids' device."""
-    step = target.forward(ids, target.new_cache(), taps=taps)
-    return step.logits.to(ids.device), step.taps.to(ids.device)
+def target_pass(target, ids: torch.Tensor, taps: tuple[int, ...], logits: bool = True
+                ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The frozen target over a whole sequence (S,): logits (S, V) fp32 (None when ``logits`` is False:
+    the decoder alone runs, skipping the lm_head) and taps (S, L, H), on ids' device."""
+    if logits:
+        step = target.forward(ids, target.new_cache(), taps=taps)
+        return step.logits.to(ids.device), step.taps.to(ids.device)
+    with torch.no_grad():
+        out = target.model.get_decoder()(input_ids=ids[None].to(target.device), use_cache=False,
+                                         output_hidden_states=True)
+    return None, torch.stack([out.hidden_states[l + 1][0] for l in taps], dim=1).to(ids.device)
+
+
+def draft_columns(head: DraftHead, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids -> (column in the head's draft vocabulary, clamped to 0 outside it; in-vocabulary mask)."""
+    vocab = head.vocab
+    if vocab is None:
+        return ids, torch.ones_like(ids, dtype=torch.bool)
+    index = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
+    index[vocab.to(ids.device)] = torch.arange(vocab.numel(), device=ids.device)
+    cols = index[ids]
+    return cols.clamp(min=0), cols >= 0
 
 
 def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0) -> tuple[torch.Tensor, int]:
-    """Depth-weighted loss of all blocks of one sequence, and its number of supervised slots."""
-    c = _unwrap(blocks).head.config
-    teacher_logits, taps = target_pass(target, ids, c.target_layer_ids)
-    logits = block_logits(blocks, target, taps, ids, anchors)                           # (nb, D, V)
+    """Depth-weighted loss of all blocks of one sequence, and its number of supervised slots. With a
+    draft vocabulary, "ce" skips slots whose token lies outside it and "kl" renormalises the teacher
+    over it."""
+    head = _unwrap(blocks).head
+    c = head.config
+    teacher_logits, taps = target_pass(target, ids, c.target_layer_ids, logits=cfg.loss == "kl")
+    logits = block_logits(blocks, target, taps, ids, anchors)                           # (nb, D, K)
     pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
-    per_slot = slot_losses(logits, pos, cfg.loss, ids, teacher_logits)
+    cols, known = draft_columns(head, ids)
+    if teacher_logits is not None and head.vocab is not None:
+        teacher_logits = teacher_logits[:, head.vocab.to(ids.device)]
+    if cfg.loss == "ce":
+        valid = valid & known[pos]
+    per_slot = slot_losses(logits, pos, cfg.loss, cols, teacher_logits)
     return masked_mean(per_slot, valid, curriculum_weights(c.block_size - 1, cfg, step)), int(valid.sum())
 
 
@@ -249,6 +282,8 @@ def evaluate(head: DraftHead, target, seqs: list[tuple[torch.Tensor, int]], *, s
         for anchors in torch.arange(p, ids.numel() - 1, stride, device=ids.device).split(chunk):
             pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
             pred = block_logits(blocks, target, taps, ids, anchors).argmax(-1)         # (nb, D)
+            if head.vocab is not None:
+                pred = head.vocab.to(pred.device)[pred]                                  # columns -> ids
             ok, n = depth_accuracy(pred, greedy[pos - 1], valid)
             correct, count = correct + ok.cpu(), count + n.cpu()
     acc = (correct / count.clamp(min=1)).tolist()
@@ -370,10 +405,27 @@ def load_checkpoint(run: Run) -> Progress:
     return Progress(**{k: state[k] for k in ("step", "data_position", "elapsed_s", "tokens")})
 
 
-def build_head(cfg: TrainConfig, target) -> DraftHead:
+def draft_vocabulary(rows: list[dict], k: int, always=()) -> torch.Tensor:
+    """(k,) the k most frequent response token ids of ``rows`` (ties: lower id first), ids in
+    ``always`` (e.g. EOS) included; padded with the lowest unused ids when the data has fewer."""
+    counts = Counter(t for r in rows for t in r["response_ids"])
+    ranked = list(dict.fromkeys([*always, *sorted(counts, key=lambda t: (-counts[t], t))]))[:k]
+    used = set(ranked)
+    spare = (i for i in itertools.count() if i not in used)
+    ranked += [next(spare) for _ in range(k - len(ranked))]
+    return torch.tensor(ranked, dtype=torch.long)
+
+
+def build_head(cfg: TrainConfig, target, rows: list[dict] | None = None) -> DraftHead:
+    """A fresh head for ``target`` as ``cfg`` says; ``rows`` (the training rows) pick its draft vocabulary."""
     torch.manual_seed(cfg.seed)
+    vocab_size = target.config.vocab_size
+    if cfg.draft_vocab > vocab_size:
+        raise ValueError(f"draft_vocab ({cfg.draft_vocab}) exceeds the target's vocabulary ({vocab_size})")
     head = DraftHead(HeadConfig.for_target(target.config, num_layers=cfg.num_layers, causal=cfg.causal,
-                                           block_size=cfg.block_size))
+                                           block_size=cfg.block_size, draft_vocab_size=cfg.draft_vocab))
+    if cfg.draft_vocab:
+        head.draft_vocab.copy_(draft_vocabulary(rows or [], cfg.draft_vocab, sorted(target.eos_ids)))
     if cfg.init == "target":
         init_from_target(head, target.model)
     return head.float()  # fp32 params whatever the target's dtype
@@ -400,7 +452,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[Run, list[dict]]:
                          f"processes ({accelerator.num_processes})")
     set_seed(cfg.seed)
     target = target or load_target(cfg.model, dtype=cfg.dtype, device=str(accelerator.device))
-    head = build_head(cfg, target)
+    head = build_head(cfg, target, rows[:-cfg.eval_seqs])
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.steps, cfg.warmup))
     blocks, optimizer, scheduler = accelerator.prepare(BlockForward(head), optimizer, scheduler)
@@ -472,7 +524,7 @@ def read_history(run: Run, step: int) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- provenance
-CLI_FLAGS = {"model": "--model", "gamma": "--gamma", "gamma_start": "--gamma-start", "curriculum": "--curriculum", "loss": "--loss", "steps": "--steps", "lr": "--lr",
+CLI_FLAGS = {"draft_vocab": "--draft-vocab", "model": "--model", "gamma": "--gamma", "gamma_start": "--gamma-start", "curriculum": "--curriculum", "loss": "--loss", "steps": "--steps", "lr": "--lr",
              "anchors_per_seq": "--anchors", "seqs_per_step": "--seqs-per-step", "eval_every": "--eval-every",
              "save_every": "--save-every", "seed": "--seed"}
 

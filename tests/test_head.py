@@ -250,3 +250,23 @@ def test_head_matches_transformers_qwen3_on_empty_context():
 
 def replace_layers(config, layers):
     return Qwen3Config(**(config.to_dict() | {"num_hidden_layers": layers, "layer_types": None}))
+
+
+def test_reduced_draft_vocabulary_round_trips_and_masks_the_rest(tmp_path):
+    cfg = tiny_config()
+    head = DraftHead(HeadConfig(**{**cfg.__dict__, "draft_vocab_size": 7})).eval()
+    head.draft_vocab.copy_(torch.tensor([3, 50, 4, 96, 0, 11, 12]))
+    head.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dflash_config"]["draft_vocab_size"] == 7
+    loaded = DraftHead.from_pretrained(str(tmp_path))
+    assert loaded.vocab.dtype == torch.long and loaded.vocab.tolist() == [3, 50, 4, 96, 0, 11, 12]
+    embed, lm_head = nn.Embedding(V, H), nn.Linear(H, V, bias=False)
+    state = loaded.extend(None, torch.randn(4, 2, H))
+    logp = draft_logp(loaded, state, 5, embed, lm_head)
+    assert logp.shape == (N - 1, V)
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[loaded.vocab] = False
+    assert torch.isinf(logp[:, outside]).all()
+    torch.testing.assert_close(logp.exp().sum(-1), torch.ones(N - 1))
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        HeadConfig(**{**cfg.__dict__, "draft_vocab_size": V + 1})

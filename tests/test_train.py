@@ -15,7 +15,7 @@ from jetflow.cli_extra import train_config
 from jetflow.head import DraftHead
 from jetflow.target import Target
 from jetflow.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, depth_accuracy,
-                           curriculum_weights, depth_weights, evaluate, lr_factor, masked_mean, sample_anchors,
+                           curriculum_weights, depth_weights, draft_vocabulary, evaluate, lr_factor, masked_mean, sample_anchors,
                            sequence_loss, simulated_tau, slot_losses, slot_targets, train)
 from fakes import ByteTokenizer, tiny_model
 
@@ -221,3 +221,28 @@ def test_curriculum_moves_from_gamma_start_to_gamma():
     assert torch.allclose(curriculum_weights(4, cfg, 99), torch.ones(4))
     plain = TrainConfig.from_name("smoke", gamma=7.0)
     assert torch.allclose(curriculum_weights(4, plain, 0), depth_weights(4, 7.0))
+
+
+# ----------------------------------------------------------------------------- draft vocabulary
+def test_draft_vocabulary_ranks_response_tokens_by_frequency():
+    rows = [{"prompt_ids": [9, 9, 9], "response_ids": [5, 5, 7, 3, 7, 5]}, {"prompt_ids": [], "response_ids": [3, 8]}]
+    assert draft_vocabulary(rows, 3).tolist() == [5, 3, 7]            # 5 x3, then 3 and 7 x2 (lower id first)
+    assert draft_vocabulary(rows, 3, always=(8,)).tolist() == [8, 5, 3]
+    assert draft_vocabulary(rows, 6).tolist() == [5, 3, 7, 8, 0, 1]   # prompt tokens never count; padded
+
+
+def test_draft_vocab_head_trains_saves_and_skips_unknown_tokens(target, data, tmp_path):
+    cfg = smoke(data, tmp_path / "run", draft_vocab=40, loss="ce")
+    rows = [json.loads(x) for x in data.read_text().splitlines()]
+    head, history = train(cfg, target, progress=False)
+    assert head.vocab.tolist() == draft_vocabulary(rows[:-cfg.eval_seqs], 40, sorted(target.eos_ids)).tolist()
+    loaded = DraftHead.from_pretrained(str(tmp_path / "run"))
+    assert loaded.vocab.dtype == torch.long and torch.equal(loaded.vocab, head.vocab)
+    assert all(0 <= a <= 1 for a in history[-1]["acc"])
+    ids = torch.tensor(rows[0]["prompt_ids"] + rows[0]["response_ids"])
+    anchors = torch.tensor([len(rows[0]["prompt_ids"])])
+    _, slots = sequence_loss(BlockForward(head), target, ids, anchors, cfg)
+    known = torch.isin(ids[anchors + torch.arange(1, 5)], head.vocab).sum()
+    assert slots == int(known) < 4  # "ce" supervises in-vocabulary slots only (random data: some are not)
+    with pytest.raises(ValueError, match="exceeds the target's vocabulary"):
+        build_head(dataclasses.replace(cfg, draft_vocab=V + 1), target, rows)
