@@ -41,3 +41,19 @@ clean:
 screenshots: $(STAMP)
 	$(PY) -m pip install -q playwright
 	$(PY) notebooks/screenshots.py --out data/results
+
+# Retrain both shipped heads from scratch: regenerate the training answers, then train the JetFlow and
+# the DFlash head side by side (one thread each). ~25 + ~80 minutes on 2 CPU cores; outputs stay in
+# HEADS_WORK (outside the repository) until copied to data/heads/smollm2-135m-{jetflow,dflash}.
+HEADS_WORK ?= $(HOME)/.cache/jetflow/heads
+HEAD_ARGS  ?= --preset cpu --loss ce --seqs-per-step 2 --anchors 64 --draft-vocab 8192 --steps 2200 --gamma-start 0.5
+.PHONY: heads
+heads: $(STAMP)
+	mkdir -p $(HEADS_WORK)
+	OMP_NUM_THREADS=2 $(PY) -m jetflow regenerate --n 3030 --out $(HEADS_WORK)/regen-3030.jsonl \
+	    --batch-size 16 --max-new-tokens 128 --max-prompt-tokens 256 --seed 0
+	OMP_NUM_THREADS=1 $(PY) -m jetflow train --data $(HEADS_WORK)/regen-3030.jsonl --out $(HEADS_WORK)/jetflow \
+	    --gamma 4 $(HEAD_ARGS) & a=$$!; \
+	OMP_NUM_THREADS=1 $(PY) -m jetflow train --data $(HEADS_WORK)/regen-3030.jsonl --out $(HEADS_WORK)/dflash \
+	    --bidirectional --gamma 7 $(HEAD_ARGS) & b=$$!; \
+	wait $$a && wait $$b

@@ -26,7 +26,7 @@ import torch
 
 from .decode import _verify, generate
 from .proposers import make_proposer
-from .target import Target, compact_cache
+from .target import Target, keep_path
 from .tree import Tree, accum_logp
 from .verify import greedy_accept
 
@@ -45,7 +45,7 @@ def _time_verify(target: Target, cache, tree: Tree, past_len: int) -> float:
     t0 = time.perf_counter()
     _, step = _verify(target, tree, cache, ())
     greedy_accept(tree, step.logits)  # reads the logits back, which also waits for an accelerator
-    compact_cache(cache, torch.arange(past_len))
+    keep_path(cache, past_len, [])
     return time.perf_counter() - t0
 
 

@@ -6,6 +6,17 @@ import sys
 from pathlib import Path
 
 
+def regenerate_command(args, out: Path) -> str:
+    """The ``python -m jetflow regenerate`` line that (re)makes ``out`` with these settings."""
+    import shlex
+    argv = ["python", "-m", "jetflow", "regenerate", "--n", str(args.n), "--out", out.name,
+            "--batch-size", str(args.batch_size), "--max-new-tokens", str(args.max_new_tokens),
+            "--max-prompt-tokens", str(args.max_prompt_tokens), "--seed", str(args.seed)]
+    argv += ["--model", args.model] if args.model else []
+    argv += ["--dtype", args.dtype] if args.dtype != "bfloat16" else []
+    return shlex.join(argv)
+
+
 def cmd_regenerate(args) -> int:
     from .data import regenerate, training_prompts, cache_dir
     from .target import load_target
@@ -14,6 +25,8 @@ def cmd_regenerate(args) -> int:
     target = load_target(args.model, dtype=args.dtype)
     regenerate(target, prompts, out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                max_prompt_tokens=args.max_prompt_tokens)
+    meta = out.with_name(out.name + ".meta.json")  # read by training provenance
+    meta.write_text(json.dumps({"command": regenerate_command(args, out)}) + "\n")
     print(out)
     return 0
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .target import Target, compact_cache
+from .target import Target, keep_path
 from .tree import Tree
-from .verify import greedy_accept, kept_positions, sample_accept, tree_attention_mask
+from .verify import greedy_accept, sample_accept, tree_attention_mask
 
 
 @dataclass
@@ -136,7 +136,7 @@ def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new
         t2 = time.perf_counter()
         past, step = _verify(target, tree, cache, taps)
         path, bonus = accept(tree, step.logits)
-        compact_cache(cache, kept_positions(past, path))
+        keep_path(cache, past, path)
         new_taps = step.taps[path] if taps else None
         committed = _commit(out, tree.tokens[path[1:]].tolist() + [bonus], target.eos_ids, max_new_tokens)
         choice = step.logits.argmax(-1).tolist()

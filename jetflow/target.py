@@ -112,12 +112,19 @@ class Target:
         return Step(out.logits[0].float(), tapped)
 
 
-def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
-    """Keep only the sequence rows ``keep`` (ascending prefix + accepted path) of every layer."""
+def keep_path(cache: DynamicCache, past_len: int, path: list[int]) -> None:
+    """Keep the first ``past_len`` rows plus the tree rows ``path`` (indices after the prefix, in order).
+
+    Keeps the rows ``verify.kept_positions(past_len, path)``, moving only the accepted ones: a
+    contiguous path (plain AR, an accepted chain prefix) is a crop that copies nothing."""
+    n = len(path)
+    moved = path != list(range(n))
     for layer in cache.layers:
-        idx = keep.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, idx)
-        layer.values = layer.values.index_select(-2, idx)
+        if moved:
+            idx = torch.tensor(path, device=layer.keys.device) + past_len
+            layer.keys[..., past_len:past_len + n, :] = layer.keys.index_select(-2, idx)
+            layer.values[..., past_len:past_len + n, :] = layer.values.index_select(-2, idx)
+        layer.keys, layer.values = layer.keys[..., :past_len + n, :], layer.values[..., :past_len + n, :]
 
 
 @functools.lru_cache(maxsize=4)

@@ -568,6 +568,8 @@ def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) ->
             "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "sequences": len(rows),
             "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
             "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
+    meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`
+    data["command"] = json.loads(meta.read_text()).get("command") if meta.is_file() else None
     prov = {"command": command_for(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
             "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": asdict(cfg),
             "final": {"acc": last["acc"], "sim_tau": last["sim_tau"], "eval_step": last["step"]},
@@ -578,6 +580,9 @@ def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) ->
     acc = prov["final"]["acc"]
     (run.out / "PROVENANCE.md").write_text("\n".join([
         "# Draft head training run", "", "Reproduce with:", "", "```", prov["command"], "```", "",
+        *([f"The data file comes from (`JETFLOW_DATA_DIR` names the prompt sets; outputs of batched bf16 "
+           f"greedy decoding can differ in rare tokens between machines):", "", "```", data["command"], "```", ""]
+          if data["command"] else []),
         f"- data: `{data['file']}` (sha256 `{data['sha256']}`), {data['sequences']} sequences "
         f"({data['train_sequences']} trained on, {data['eval_sequences']} held out); mix {data['mix']}",
         f"- tokens: {state.tokens}",

@@ -172,6 +172,7 @@ def test_resume_refuses_another_config(target, data, tmp_path):
 
 def test_outputs_and_provenance(target, data, tmp_path):
     cfg = smoke(data, tmp_path / "run", gamma=2.0)
+    data.with_name(data.name + ".meta.json").write_text(json.dumps({"command": "python -m jetflow regenerate --n 5"}))
     head, history = train(cfg, target, progress=False)
     out = tmp_path / "run"
     assert DraftHead.from_pretrained(str(out)).config == head.config
@@ -185,6 +186,7 @@ def test_outputs_and_provenance(target, data, tmp_path):
     assert prov["tokens"]["supervised_slots"] > 0 and "torch" in prov["versions"]
     md = (out / "PROVENANCE.md").read_text()
     assert prov["command"] in md and prov["data"]["sha256"] in md
+    assert prov["data"]["command"] == "python -m jetflow regenerate --n 5" and prov["data"]["command"] in md
 
 
 def test_command_rebuilds_the_config(data, tmp_path):

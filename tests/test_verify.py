@@ -70,3 +70,18 @@ def test_sample_accept_follows_samples():
 
 def test_kept_positions():
     assert kept_positions(3, [0, 2, 5]).tolist() == [0, 1, 2, 3, 5, 8]
+
+
+@pytest.mark.parametrize("path", [[0], [0, 1, 2], [0, 2, 5], [0, 3], []])
+def test_keep_path_keeps_the_prefix_and_the_accepted_rows_in_order(path):
+    from transformers import DynamicCache, LlamaConfig
+    from jetflow.target import keep_path
+    cache = DynamicCache(config=LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
+    rows = torch.arange(9, dtype=torch.float32)[None, None, :, None].expand(1, 1, 9, 2).contiguous()
+    for i in range(2):
+        cache.update(rows + 100 * i, -rows, i)
+    keep_path(cache, 3, path)
+    for i, layer in enumerate(cache.layers):
+        want = kept_positions(3, path).float()
+        assert torch.equal(layer.keys[0, 0, :, 0], want + 100 * i) and torch.equal(layer.values[0, 0, :, 1], -want)
+    assert cache.get_seq_length() == 3 + len(path)
