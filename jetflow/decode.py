@@ -118,7 +118,6 @@ def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new
     _check_args(target, ids.numel(), budget, max_new_tokens, temperature)
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     taps = tuple(getattr(proposer, "taps", ())) if proposer is not None else ()
-    accept = greedy_accept if temperature == 0 else (lambda t, l: sample_accept(t, l, temperature, gen))
 
     t0 = time.perf_counter()
     cache = target.new_cache()
@@ -135,11 +134,14 @@ def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new
             tree = proposer.propose(state, result.prompt_ids + out, new_taps, budget)
         t2 = time.perf_counter()
         past, step = _verify(target, tree, cache, taps)
-        path, bonus = accept(tree, step.logits)
+        choice = step.logits.argmax(-1).tolist()  # the target's greedy pick at every node (kept in Round)
+        if temperature == 0:
+            path, bonus = greedy_accept(tree, step.logits, choice)
+        else:
+            path, bonus = sample_accept(tree, step.logits, temperature, gen)
         keep_path(cache, past, path)
         new_taps = step.taps[path] if taps else None
         committed = _commit(out, tree.tokens[path[1:]].tolist() + [bonus], target.eos_ids, max_new_tokens)
-        choice = step.logits.argmax(-1).tolist()
         result.rounds.append(Round(tree, path, committed, choice, t2 - t1, time.perf_counter() - t2))
     result.text = target.decode(out)
     return result

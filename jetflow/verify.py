@@ -32,13 +32,14 @@ def _follow(tree: Tree, choice: list[int]) -> list[int]:
         path.append(nxt)
 
 
-def greedy_accept(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
+def greedy_accept(tree: Tree, logits: torch.Tensor, choice: list[int] | None = None) -> tuple[list[int], int]:
     """Longest root path whose every token is the target's argmax at its parent.
 
-    logits: (N+1, V) target logits per node. Returns (accepted node indices starting with the
-    root, bonus token = argmax at the last accepted node).
+    logits: (N+1, V) target logits per node (``choice``, their argmax per node, when the caller
+    has it already). Returns (accepted node indices starting with the root, bonus token = argmax
+    at the last accepted node).
     """
-    choice = logits.argmax(dim=-1).tolist()
+    choice = logits.argmax(dim=-1).tolist() if choice is None else choice
     path = _follow(tree, choice)
     return path, choice[path[-1]]
 
