@@ -12,6 +12,9 @@ prefill is excluded and reported apart. ``hf`` and ``hf-lookup`` time transforme
 ``generate`` (plain greedy or sampling; ``prompt_lookup_num_tokens=10``), where prefill cannot be
 separated: their decode_s is the total time and their tokens/s counts every new token.
 
+A chain (``dflash``) holds at most N-1 drafts, so its budgets >= N-1 share one set of runs (their
+rows say so in ``note``) instead of decoding identical trees again.
+
 ``run_auto`` picks each tree method's budget with ``budget.py`` first. ``PRESETS`` name whole setups
 (``cpu``, ``qwen3-8b``); ``resolve_preset`` -> ``prompt_sets`` -> ``run_settings`` is the CLI path.
 """
@@ -39,6 +42,7 @@ CONVENTIONS = ("tau = mean tokens committed per round including the bonus token;
                "excluding the root; speedup = decode tokens/s over AR in the same run, prefill excluded")
 HF_METHODS = {"hf": {}, "hf-lookup": {"prompt_lookup_num_tokens": 10}}  # method -> extra generate kwargs
 HF_NOTE = "transformers generate: prefill not separable, decode_s is the total time"
+CHAIN_NOTE = "a chain holds at most N-1 drafts: the same runs as budget {}"
 BUDGET_FREE = ("ar", *HF_METHODS)
 ALL_METHODS = ("ar", *HF_METHODS, *(m for m in METHODS if m != "ar"))
 
@@ -136,6 +140,7 @@ class Config:
     method: str
     budget: int | None         # None for budget-free methods
     proposer: object = None    # None for ar and hf methods
+    same_as: int | None = None  # index of an earlier config drafting the very same trees (not rerun)
 
 
 def head_for(method: str, heads: Mapping[str, str] | None) -> str | None:
@@ -157,8 +162,20 @@ def configs(target: Target, methods: Sequence[str], budgets, heads=None) -> list
             if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
                 raise ValueError(f"method {m!r} needs budgets >= 1, got {sizes}")
             proposer = make_proposer(m, target, head=head_for(m, heads))
-            out += [Config(m, b, proposer) for b in sizes]
+            first: dict[int, int] = {}  # effective budget -> index of its config
+            for b in sizes:
+                eff = _effective_budget(m, proposer, b)
+                out.append(Config(m, b, proposer, first.get(eff)))
+                first.setdefault(eff, len(out) - 1)
     return out
+
+
+def _effective_budget(method: str, proposer, budget: int) -> int:
+    """A chain (dflash) holds at most N-1 drafts, so every budget >= N-1 drafts the same trees."""
+    head = getattr(proposer, "head", None)
+    if HEAD_METHODS.get(method, (None, None))[1] == "chain" and head is not None:
+        return min(budget, head.config.block_size - 1)
+    return budget
 
 
 def _sync(device: torch.device) -> None:
@@ -227,20 +244,26 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
     if warmup:
         first = next(iter(encoded.values()))[0]
         for cfg in cfgs:
-            run_config(target, cfg, first, min(4, max_new_tokens), temperature, 0)
+            if cfg.same_as is None:
+                run_config(target, cfg, first, min(4, max_new_tokens), temperature, 0)
     runs: dict[tuple[str, int], list[Run]] = {(ds, k): [] for ds in encoded for k in range(len(cfgs))}
-    bar = tqdm(total=sum(map(len, encoded.values())) * len(cfgs), disable=not progress, unit="gen")
+    distinct = sum(c.same_as is None for c in cfgs)
+    bar = tqdm(total=sum(map(len, encoded.values())) * distinct, disable=not progress, unit="gen")
     for ds, prompts in encoded.items():
         for i, ids in enumerate(prompts):
             for k, cfg in enumerate(cfgs):
+                if cfg.same_as is not None:
+                    continue
                 bar.set_description(f"{cfg.method}{'' if cfg.budget is None else f'@{cfg.budget}'} "
                                     f"{ds} prompt {i + 1}/{len(prompts)}")
                 runs[ds, k].append(run_config(target, cfg, ids, max_new_tokens, temperature, i))
                 bar.update()
     bar.close()
     env = environment(target)
-    return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget, **summarize(runs[ds, k], runs[ds, 0]),
-             **env, **({"note": HF_NOTE} if cfg.method in HF_METHODS else {})}
+    return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
+             **summarize(runs[ds, k if cfg.same_as is None else cfg.same_as], runs[ds, 0]), **env,
+             **({"note": HF_NOTE} if cfg.method in HF_METHODS else {}),
+             **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget)} if cfg.same_as is not None else {})}
             for ds in encoded for k, cfg in enumerate(cfgs)]
 
 

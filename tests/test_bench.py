@@ -237,3 +237,27 @@ def test_prompt_sets_from_a_prompts_file(tmp_path):
     path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS["math"]))
     cfg = bench.resolve_preset("cpu", {"prompts_file": str(path), "datasets": "anything", "limit": 1})
     assert bench.prompt_sets(cfg) == {"mine": PROMPTS["math"][:1]}
+
+
+def test_chain_budgets_past_the_block_share_one_set_of_runs(target, monkeypatch):
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+    from jetflow.proposers import LookupProposer
+
+    @dataclass
+    class CappedChain(LookupProposer):  # stands in for the dflash head: a block of 4 (3 drafts)
+        max_len: int = 3
+        head: object = SimpleNamespace(config=SimpleNamespace(block_size=4))
+
+    monkeypatch.setattr(bench, "make_proposer", lambda m, t, head=None: CappedChain())
+    calls, real = [], bench.run_config
+    monkeypatch.setattr(bench, "run_config", lambda *a: calls.append(a[1].budget) or real(*a))
+    rows = bench.run(target, ["dflash"], PROMPTS, [2, 3, 16, 64], max_new_tokens=6, progress=False,
+                     warmup=False)
+    assert set(calls) == {None, 2, 3}  # budgets 16 and 64 are not decoded again
+    by_budget = {r["budget"]: r for r in rows if r["dataset"] == "math" and r["method"] == "dflash"}
+    for b in (16, 64):
+        assert {k: v for k, v in by_budget[b].items() if k not in ("budget", "note")} == \
+               {k: v for k, v in by_budget[3].items() if k != "budget"}
+        assert "same runs as budget 3" in by_budget[b]["note"]
+    assert "note" not in by_budget[2] and "same runs as budget 3" in bench.to_markdown(rows)
