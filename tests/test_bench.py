@@ -240,16 +240,12 @@ def test_prompt_sets_from_a_prompts_file(tmp_path):
 
 
 def test_chain_budgets_past_the_block_share_one_set_of_runs(target, monkeypatch):
-    from dataclasses import dataclass
     from types import SimpleNamespace
     from jetflow.proposers import LookupProposer
 
-    @dataclass
-    class CappedChain(LookupProposer):  # stands in for the dflash head: a block of 4 (3 drafts)
-        max_len: int = 3
-        head: object = SimpleNamespace(config=SimpleNamespace(block_size=4))
-
-    monkeypatch.setattr(bench, "make_proposer", lambda m, t, head=None: CappedChain())
+    capped = LookupProposer(max_len=3)  # stands in for the dflash head: a block of 4 (3 drafts)
+    capped.head = SimpleNamespace(config=SimpleNamespace(block_size=4))
+    monkeypatch.setattr(bench, "make_proposer", lambda m, t, head=None: capped)
     calls, real = [], bench.run_config
     monkeypatch.setattr(bench, "run_config", lambda *a: calls.append(a[1].budget) or real(*a))
     rows = bench.run(target, ["dflash"], PROMPTS, [2, 3, 16, 64], max_new_tokens=6, progress=False,
