@@ -26,11 +26,14 @@ test: $(STAMP)
 notebooks: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
 
-# The committed CPU table (data/results/cpu): every method, 4 datasets, fp32, interleaved.
-RESULTS_ARGS ?= --methods ar,hf-lookup,lookup,dflash,ddtree,jetflow --datasets gsm8k,math500,humaneval,mt_bench \
-                --budgets 16,64,255 --limit 2 --max-new-tokens 64 --dtype float32
+# The committed CPU results (data/results/cpu-*): greedy, 256 new tokens, first 20 prompts, methods
+# interleaved prompt by prompt, 2 torch threads. ~40 + ~15 + ~10 minutes on 2 cores.
+BENCH := OMP_NUM_THREADS=2 $(PY) -m jetflow bench --limit 20 --max-new-tokens 256
 results: $(STAMP)
-	$(PY) -m jetflow bench $(RESULTS_ARGS) --out data/results/cpu
+	$(BENCH) --methods ar,lookup,jetflow,ddtree,dflash --datasets gsm8k --budgets 16,32,64,255 --dtype float32 \
+	    --out data/results/cpu-gsm8k-fp32
+	$(BENCH) --methods ar,jetflow --datasets gsm8k,math500 --budgets 16,32 --dtype bfloat16 --out data/results/cpu-speed-bf16
+	$(BENCH) --methods ar,jetflow --datasets math500 --budgets 16,32 --dtype float32 --out data/results/cpu-math500-fp32
 
 clean:
 	rm -rf $(VENV)

@@ -19,11 +19,12 @@ Entry points
 - ``generate(target, prompt, proposer=None, *, budget, max_new_tokens, temperature=0.0, seed=None)
   -> Result`` (tokens, text, rounds, prefill/draft/verify seconds, tau, tokens_per_s);
   ``proposer=None`` is plain autoregressive decoding through the same seam.
-- ``make_proposer(method, target, head=None)``: ``ar``, ``lookup``, ``random``, and the head
-  methods ``jetflow`` (causal head + accum_logp), ``dflash`` (bidirectional head + chain),
-  ``ddtree`` (bidirectional head + best_prefix).
+- ``make_proposer(method, target, head=None, draft_dtype=None)``: ``ar``, ``lookup``, ``random``, and
+  the head methods ``jetflow`` (causal head + accum_logp), ``dflash`` (bidirectional head + chain),
+  ``ddtree`` (bidirectional head + best_prefix); heads draft in bf16 where that is fast.
 - ``DraftHead`` / ``HeadConfig`` (``jetflow.head``): fused taps -> a few decoder layers with KV
-  injection -> the target's frozen ``lm_head``; ``draft_logp(...) -> (D, V)``;
+  injection -> the target's frozen ``lm_head`` (optionally only its rows of a K-token draft
+  vocabulary, ``head.vocab``); ``draft_logp(...) -> (D, V)``;
   ``save_pretrained`` / ``from_pretrained`` in the published JetSpec/DFlash layout.
 - ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training), ``jetflow.bench``
   (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures).
