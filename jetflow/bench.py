@@ -12,8 +12,9 @@ prefill is excluded and reported apart. ``hf`` and ``hf-lookup`` time transforme
 ``generate`` (plain greedy or sampling; ``prompt_lookup_num_tokens=10``), where prefill cannot be
 separated: their decode_s is the total time and their tokens/s counts every new token.
 
-A chain (``dflash``) holds at most N-1 drafts, so its budgets >= N-1 share one set of runs (their
-rows say so in ``note``) instead of decoding identical trees again.
+A proposer whose trees stop growing at ``max_drafts`` nodes (a ``dflash`` chain: N-1; ``lookup``: its
+matches x length) runs once for all budgets past that size; those rows share the runs (and say so in
+``note``) instead of decoding identical trees again.
 
 ``run_auto`` picks each tree method's budget with ``budget.py`` first. ``PRESETS`` name whole setups
 (``cpu``, ``qwen3-8b``); ``resolve_preset`` -> ``prompt_sets`` -> ``run_settings`` is the CLI path.
@@ -42,7 +43,7 @@ CONVENTIONS = ("tau = mean tokens committed per round including the bonus token;
                "excluding the root; speedup = decode tokens/s over AR in the same run, prefill excluded")
 HF_METHODS = {"hf": {}, "hf-lookup": {"prompt_lookup_num_tokens": 10}}  # method -> extra generate kwargs
 HF_NOTE = "transformers generate: prefill not separable, decode_s is the total time"
-CHAIN_NOTE = "a chain holds at most N-1 drafts: the same runs as budget {}"
+CHAIN_NOTE = "its trees stop growing below this budget: the same runs as budget {}"
 BUDGET_FREE = ("ar", *HF_METHODS)
 ALL_METHODS = ("ar", *HF_METHODS, *(m for m in METHODS if m != "ar"))
 
@@ -171,11 +172,10 @@ def configs(target: Target, methods: Sequence[str], budgets, heads=None) -> list
 
 
 def _effective_budget(method: str, proposer, budget: int) -> int:
-    """A chain (dflash) holds at most N-1 drafts, so every budget >= N-1 drafts the same trees."""
-    head = getattr(proposer, "head", None)
-    if HEAD_METHODS.get(method, (None, None))[1] == "chain" and head is not None:
-        return min(budget, head.config.block_size - 1)
-    return budget
+    """Budgets past the proposer's ``max_drafts`` (a chain: N-1; lookup: matches x length) draft the
+    same trees."""
+    cap = getattr(proposer, "max_drafts", None)
+    return budget if cap is None else min(budget, cap)
 
 
 def _sync(device: torch.device) -> None:

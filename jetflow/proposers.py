@@ -85,6 +85,11 @@ class LookupProposer:
     max_len: int = 10
     taps: tuple = ()
 
+    @property
+    def max_drafts(self) -> int:
+        """No tree holds more nodes than this, whatever the budget."""
+        return self.max_matches * self.max_len
+
     def start(self, prompt_ids):
         return None
 
@@ -155,6 +160,11 @@ class HeadProposer:
     @property
     def taps(self) -> tuple:
         return tuple(self.head.config.target_layer_ids)
+
+    @property
+    def max_drafts(self) -> int | None:
+        """A chain holds at most N-1 drafts; trees grow with the budget (None)."""
+        return self.head.config.block_size - 1 if self.builder == "chain" else None
 
     def start(self, prompt_ids) -> HeadDraftState:
         return HeadDraftState()

@@ -239,12 +239,10 @@ def test_prompt_sets_from_a_prompts_file(tmp_path):
     assert bench.prompt_sets(cfg) == {"mine": PROMPTS["math"][:1]}
 
 
-def test_chain_budgets_past_the_block_share_one_set_of_runs(target, monkeypatch):
-    from types import SimpleNamespace
+def test_budgets_past_max_drafts_share_one_set_of_runs(target, monkeypatch):
     from jetflow.proposers import LookupProposer
 
-    capped = LookupProposer(max_len=3)  # stands in for the dflash head: a block of 4 (3 drafts)
-    capped.head = SimpleNamespace(config=SimpleNamespace(block_size=4))
+    capped = LookupProposer(max_len=3, max_matches=1)  # stands in for the dflash chain: at most 3 drafts
     monkeypatch.setattr(bench, "make_proposer", lambda m, t, head=None: capped)
     calls, real = [], bench.run_config
     monkeypatch.setattr(bench, "run_config", lambda *a: calls.append(a[1].budget) or real(*a))
