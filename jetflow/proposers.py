@@ -151,11 +151,13 @@ class HeadProposer:
     width: int = 7
     _embed: torch.Tensor = field(init=False, repr=False)
     _out: torch.Tensor = field(init=False, repr=False)
+    _vocab: torch.Tensor | None = field(init=False, repr=False)  # draft columns -> token ids, on CPU
 
     def __post_init__(self):
         model, dtype = self.target.model, self.head.dtype
         self._embed = model.get_input_embeddings().weight.detach().to(dtype)
         self._out = self.head.output_weight(model.get_output_embeddings().weight.detach()).to(dtype).contiguous()
+        self._vocab = None if self.head.vocab is None else self.head.vocab.cpu()
 
     @property
     def taps(self) -> tuple:
@@ -182,11 +184,10 @@ class HeadProposer:
             tree = accum_logp(logp, budget, tokens[-1], self.width)
         else:
             tree = BUILDERS[self.builder](logp, budget, tokens[-1])
-        vocab = self.head.vocab
-        if vocab is None:
+        if self._vocab is None:
             return tree
         ids = tree.tokens.clone()
-        ids[1:] = vocab.cpu()[ids[1:]]  # draft-vocabulary columns -> token ids (the root is the anchor)
+        ids[1:] = self._vocab[ids[1:]]  # draft-vocabulary columns -> token ids (the root is the anchor)
         return dataclasses.replace(tree, tokens=ids)
 
 
