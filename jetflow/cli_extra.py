@@ -86,6 +86,53 @@ def add_bench(sub) -> None:
     b.set_defaults(func=cmd_bench)
 
 
+def cmd_replay(args) -> int:
+    from . import bench, replay
+    from .data import cache_dir
+    from .target import load_target
+    cfg = bench.resolve_preset("cpu", {
+        "methods": args.methods, "datasets": args.datasets, "budgets": args.budgets, "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens, "prompts_file": args.prompts_file, "model": args.model,
+        "data_dir": args.data_dir, "dtype": "float32"})
+    widths = tuple(int(w) for w in bench._as_tuple(args.widths))
+    heads = {k: v for k, v in (("jetflow", args.jetflow_head), ("dflash", args.dflash_head)) if v}
+    prompts = bench.prompt_sets(cfg)
+    target = load_target(cfg["model"], dtype="float32")
+    cache = Path(args.cache) if args.cache else cache_dir() / "replay"
+    traces = {ds: replay.ar_traces(target, ps, cfg["max_new_tokens"], dataset=ds, progress=not args.json,
+                                   cache=cache / f"ar-{target.name.replace('/', '--')}-{ds}.jsonl")
+              for ds, ps in prompts.items()}
+    rows = replay.replay(target, cfg["methods"], traces, cfg["budgets"], heads=heads, widths=widths,
+                         progress=not args.json)
+    if args.out:
+        print(f"wrote {replay.write(rows, args.out)}", file=sys.stderr)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        print(replay.to_markdown(rows))
+    return 0
+
+
+def add_replay(sub) -> None:
+    r = sub.add_parser("replay", help="greedy tau vs budget in seconds: one AR decode, then every tree replayed")
+    r.add_argument("--methods", default="jetflow,ddtree,dflash", help="head methods: jetflow,ddtree,dflash")
+    r.add_argument("--datasets", default=None, help="comma list: gsm8k,math500,humaneval,mbpp,mt_bench,spec_bench")
+    r.add_argument("--budgets", default="16,32,64,128,255", help="comma list")
+    r.add_argument("--widths", default="7", help="widths W to try for jetflow's accum_logp tree, comma list")
+    r.add_argument("--limit", type=int, default=None, help="first N prompts of each dataset")
+    r.add_argument("--max-new-tokens", type=int, default=None)
+    r.add_argument("--prompts-file", default=None, help='JSONL of {"id", "prompt"} per line')
+    r.add_argument("--model", default=None)
+    r.add_argument("--jetflow-head", default=None)
+    r.add_argument("--dflash-head", default=None)
+    r.add_argument("--data-dir", default=None)
+    r.add_argument("--cache", default=None, help="folder for the AR answers (resumable; default: the jetflow cache)")
+    r.add_argument("--out", default=None, help="write rows.json and table.md here")
+    r.add_argument("--json", action="store_true", help="one JSON row per line")
+    r.set_defaults(func=cmd_replay)
+
+
 def train_config(args):
     """TrainConfig from parsed ``train`` arguments: the preset, then ``--set``, then the named flags."""
     import dataclasses
@@ -138,4 +185,4 @@ def add_train(sub) -> None:
     t.set_defaults(func=cmd_train)
 
 
-REGISTER = [add_regenerate, add_train, add_bench]
+REGISTER = [add_regenerate, add_train, add_bench, add_replay]

@@ -1,0 +1,195 @@
+"""Replay: greedy tau of any head method at any budget, without decoding again.
+
+Greedy speculative decoding commits exactly the target's greedy continuation (that is what
+lossless means), so the outcome of a round depends only on the tree drafted at its anchor and on
+that continuation. Replay therefore
+
+1. decodes every prompt once autoregressively (``ar_traces``; cache them with ``cache=``),
+2. runs the head once over every anchor of each output (``draft_tables``: all blocks of a sequence
+   in one pass, with the training mask; the target's taps come from one teacher-forced forward),
+3. walks the rounds for any builder and budget (``walk``): build the tree at the anchor, accept the
+   longest path that matches the continuation, move the anchor past the committed tokens.
+
+The walk reproduces ``generate``'s rounds; the draft log-probs differ only by float reduction order
+(taps from one forward over the whole sequence instead of tree verifies, blocks batched instead of
+one by one), so tau matches a real decode to about a hundredth (``tests/test_replay.py`` checks the
+rounds themselves on the embedded target). Speed is not replayed: for tokens/s run ``bench``.
+
+    traces = ar_traces(target, load_prompts("gsm8k", limit=20), 256, cache="ar-gsm8k.jsonl")
+    rows = replay(target, ["jetflow", "ddtree", "dflash"], {"gsm8k": traces}, [16, 64, 255])
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .bench import depth_accept, environment, tau, tau_hist, verify_tokens
+from .decode import Round, generate
+from .proposers import HEAD_METHODS, HeadProposer, make_proposer
+from .train import BlockForward, target_pass
+from .tree import BUILDERS, Tree, accum_logp
+from .verify import greedy_accept
+
+REPLAY_NOTE = "replay: greedy rounds walked over one AR decode per prompt (tau only, no timing)"
+
+
+@dataclass
+class Trace:
+    """One prompt and the target's greedy answer to it (EOS included when hit)."""
+    dataset: str
+    id: str
+    prompt_ids: list[int]
+    tokens: list[int]
+    max_new_tokens: int
+
+
+def ar_traces(target, prompts: Sequence[Mapping], max_new_tokens: int, *, dataset: str = "",
+              cache: str | Path | None = None, progress: bool = True) -> list[Trace]:
+    """Greedy AR answers of ``prompts`` ({"id", "prompt"} rows). With ``cache`` (a JSONL file), answers
+    already there for the same prompt ids and length are reused and new ones appended as they finish,
+    so an interrupted run resumes."""
+    done: dict[tuple, Trace] = {}
+    path = Path(cache) if cache else None
+    if path and path.exists():
+        for line in path.read_text().splitlines():
+            t = Trace(**json.loads(line))
+            done[(t.dataset, t.id, tuple(t.prompt_ids), t.max_new_tokens)] = t
+    out = []
+    for p in tqdm(prompts, desc=f"AR {dataset}".strip(), disable=not progress, leave=False):
+        ids = target.encode(p["prompt"])
+        key = (dataset, str(p.get("id", "")), tuple(ids.tolist()), max_new_tokens)
+        if key not in done:
+            res = generate(target, ids, None, max_new_tokens=max_new_tokens)
+            done[key] = Trace(dataset, key[1], list(key[2]), res.tokens, max_new_tokens)
+            if path:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with path.open("a") as f:
+                    f.write(json.dumps(asdict(done[key])) + "\n")
+        out.append(done[key])
+    return out
+
+
+@dataclass
+class DraftTable:
+    """Per anchor (output index i = 0 .. len(tokens) - 2): the top-K draft log-probs per depth,
+    descending, (A, D, K) float32, and their token ids (A, D, K)."""
+    logp: torch.Tensor
+    ids: torch.Tensor
+
+
+@torch.no_grad()
+def draft_table(proposer: HeadProposer, trace: Trace, k: int = 256, chunk: int = 32) -> DraftTable:
+    """The head's drafts at every anchor of ``trace`` (``k`` best tokens per depth), in the head's dtype
+    and with the same embedding and lm_head rows as ``HeadProposer.depth_logp``."""
+    head, target = proposer.head, proposer.target
+    ids = torch.tensor(trace.prompt_ids + trace.tokens)
+    n = head.config.block_size
+    _, taps = target_pass(target, ids.to(target.device), proposer.taps, logits=False)
+    taps = taps.to(head.fc.weight.device)
+    anchors = torch.arange(len(trace.prompt_ids), ids.numel() - 1)
+    blocks, logps, cols = BlockForward(head), [], []
+    for part in anchors.split(chunk):
+        block_ids = torch.full((part.numel(), n), head.config.mask_token_id)
+        block_ids[:, 0] = ids[part]
+        x = F.embedding(block_ids.view(-1).to(proposer._embed.device), proposer._embed)
+        hidden = blocks(taps, x.to(taps.device), part.to(taps.device))                 # (a, D, H)
+        logp = torch.log_softmax(F.linear(hidden, proposer._out).float(), dim=-1)      # (a, D, K)
+        top, col = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        logps.append(top.cpu())
+        cols.append(col.cpu())
+    col = torch.cat(cols) if cols else torch.zeros(0, n - 1, k, dtype=torch.long)
+    logp = torch.cat(logps) if logps else torch.zeros(0, n - 1, k)
+    return DraftTable(logp, col if proposer._vocab is None else proposer._vocab[col])
+
+
+def tree_builder(builder: str, width: int = 7) -> Callable[[torch.Tensor, int, int], Tree]:
+    """(logp (D, K), budget, root) -> Tree, as ``HeadProposer.propose`` builds it."""
+    if builder == "accum_logp":
+        return lambda logp, budget, root: accum_logp(logp, budget, root, width)
+    return BUILDERS[builder]
+
+
+def walk(table: DraftTable, trace: Trace, build: Callable, budget: int, eos_ids) -> list[Round]:
+    """The rounds ``generate`` runs on ``trace``'s prompt with these drafts (greedy): each round builds
+    the tree at the anchor, accepts the longest path matching the continuation, commits it plus the
+    bonus token (truncated at EOS and ``max_new_tokens`` like ``generate``)."""
+    tokens, rounds, i = trace.tokens, [], 0
+    while i + 1 < len(tokens) and tokens[i] not in eos_ids:
+        tree = build(table.logp[i], budget, tokens[i])
+        ids = tree.tokens.clone()
+        ids[1:] = table.ids[i][tree.depth[1:] - 1, tree.tokens[1:]]   # columns of the top-K -> token ids
+        tree = Tree(ids, tree.parents, tree.depth, tree.score)
+        cont = tokens[i + 1:]
+        choice = [cont[d] if d < len(cont) else -1 for d in tree.depth.tolist()]  # the target's argmax
+        path, _ = greedy_accept(tree, None, choice)
+        committed = cont[:len(path)]
+        rounds.append(Round(tree, path, committed, choice, 0.0, 0.0))
+        i += len(committed)
+    return rounds
+
+
+def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Sequence[Trace]],
+           budgets: Sequence[int], *, heads: Mapping[str, str] | None = None, widths: Sequence[int] = (7,),
+           draft_dtype: torch.dtype = torch.float32, progress: bool = True) -> list[dict]:
+    """Rows (the ``bench`` schema without timing) for every head method x dataset x budget; ``widths``
+    are tried for ``accum_logp`` (JetFlow). ``heads`` maps a head kind to its path (default: shipped).
+    The head runs in ``draft_dtype``: fp32 by default, where replayed rounds equal decoded ones
+    exactly (a bf16 head, as ``generate`` uses on this CPU, moves tau by about a hundredth)."""
+    unknown = [m for m in methods if m not in HEAD_METHODS]
+    if unknown:
+        raise ValueError(f"replay covers the head methods {', '.join(HEAD_METHODS)}; got {unknown}")
+    if not widths or any(w < 1 for w in widths):
+        raise ValueError(f"widths must be >= 1, got {list(widths)}")
+    if not budgets or any(b < 1 for b in budgets):
+        raise ValueError(f"budgets must be >= 1, got {list(budgets)}")
+    rows, env = [], environment(target)
+    kinds = dict.fromkeys(HEAD_METHODS[m][0] for m in methods)
+    k = max(max(budgets), max(widths))
+    for kind in kinds:
+        proposer = make_proposer(next(m for m in methods if HEAD_METHODS[m][0] == kind), target,
+                                 head=(heads or {}).get(kind), draft_dtype=draft_dtype)
+        for ds, traces in traces_by_dataset.items():
+            tables = [draft_table(proposer, t, k) for t in
+                      tqdm(traces, desc=f"draft {kind} {ds}", disable=not progress, leave=False)]
+            for m in (m for m in methods if HEAD_METHODS[m][0] == kind):
+                builder = HEAD_METHODS[m][1]
+                for w in (widths if builder == "accum_logp" else (None,)):
+                    build = tree_builder(builder, w or 7)
+                    for b in budgets:
+                        rounds = [r for t, tab in zip(traces, tables) for r in walk(tab, t, build, b, target.eos_ids)]
+                        rows.append({"method": m, "dataset": ds, "budget": b, "width": w, "builder": builder,
+                                     "n_prompts": len(traces), "new_tokens": sum(len(t.tokens) for t in traces),
+                                     "tau": tau(rounds), "tau_hist": tau_hist(rounds),
+                                     "depth_accept": depth_accept(rounds), "verify_tokens": verify_tokens(rounds),
+                                     "draft_dtype": str(draft_dtype).removeprefix("torch."), "note": REPLAY_NOTE, **env})
+    return rows
+
+
+def to_markdown(rows: Sequence[dict]) -> str:
+    """tau table: one line per method (and width) x dataset, one column per budget."""
+    budgets = sorted({r["budget"] for r in rows})
+    lines = ["| method | width | dataset | " + " | ".join(f"B={b}" for b in budgets) + " |",
+             "|---|---|---|" + "---|" * len(budgets)]
+    cells: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        cells.setdefault((r["method"], r["width"], r["dataset"]), {})[r["budget"]] = r["tau"]
+    for (m, w, ds), by_b in cells.items():
+        lines.append(f"| {m} | {w or '-'} | {ds} | " +
+                     " | ".join(f"{by_b[b]:.2f}" if by_b.get(b) is not None else "-" for b in budgets) + " |")
+    lines.append("\ntau = mean tokens committed per round including the bonus token; budget = draft nodes "
+                 "excluding the root; " + REPLAY_NOTE)
+    return "\n".join(lines) + "\n"
+
+
+def write(rows: Sequence[dict], out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rows.json").write_text(json.dumps(list(rows), indent=1) + "\n")
+    (out / "table.md").write_text(to_markdown(rows))
+    return out
