@@ -276,11 +276,13 @@ def calibration_prompts(prompts_by_dataset: Mapping[str, Sequence[dict]], n: int
 
 def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets: Sequence[int], *,
              heads=None, temperature: float = 0.0, calib_prompts: int = 3, calib_new_tokens: int = 64,
-             cost_by_size: Mapping[int, float] | None = None, **kwargs) -> list[dict]:
+             cost_by_size: Mapping[int, float] | None = None, compare: bool = False, **kwargs) -> list[dict]:
     """``--budgets auto``: calibrate tau(budget) of each tree method on a few prompts, time the verify
     step at every candidate size (unless ``cost_by_size`` is given), run each method at its predicted
     best budget, and put the prediction beside the measurement (``predicted_tokens_per_s``,
-    ``auto_budget``, ``auto_table``). Other keyword arguments go to ``run``."""
+    ``auto_budget``: True on the picked row, ``auto_table``). With ``compare`` every candidate budget
+    runs too, in the same interleaved run, so the pick can be checked against the best fixed budget.
+    Other keyword arguments go to ``run``."""
     from . import budget as bud
     sample = calibration_prompts(prompts_by_dataset, calib_prompts)
     cost = cost_by_size
@@ -293,11 +295,13 @@ def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets
                             head=head_for(m, heads))
         best, tables[m] = bud.pick_budget(cal.tau, cost, draft_s=cal.draft_s)
         picked[m] = [best]
-    rows = run(target, methods, prompts_by_dataset, picked, heads=heads, temperature=temperature, **kwargs)
+    rows = run(target, methods, prompts_by_dataset, budgets if compare else picked, heads=heads,
+               temperature=temperature, **kwargs)
     for row in rows:
         table = tables.get(row["method"])
         pred = next((t["predicted_tokens_per_s"] for t in table or [] if t["budget"] == row["budget"]), None)
-        row.update(predicted_tokens_per_s=pred, auto_budget=row["method"] in picked, auto_table=table)
+        row.update(predicted_tokens_per_s=pred, auto_budget=row["budget"] in picked.get(row["method"], ()),
+                   auto_table=table)
     return rows
 
 
@@ -329,8 +333,9 @@ def _as_tuple(value) -> tuple:
 def resolve_preset(name: str, overrides: Mapping | None = None) -> dict:
     """A preset's settings with ``overrides`` applied (None values are skipped), checked.
 
-    ``budgets`` may be a list, a comma string ("16,32") or "auto" (auto=True, candidates = the
-    preset's budgets); ``heads`` overrides merge into the preset's heads.
+    ``budgets`` may be a list, a comma string ("16,32"), "auto" (auto=True, candidates = the
+    preset's budgets) or "auto" among budgets ("8,16,32,auto": auto="compare", these candidates, each
+    also run as a fixed budget); ``heads`` overrides merge into the preset's heads.
     """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
@@ -340,8 +345,10 @@ def resolve_preset(name: str, overrides: Mapping | None = None) -> dict:
             raise ValueError(f"unknown setting {key!r}; settings are {', '.join(cfg)}")
         if value is None:
             continue
-        if key == "budgets" and value == "auto":
-            cfg["auto"] = True
+        if key == "budgets" and "auto" in _as_tuple(value):
+            fixed = [b for b in _as_tuple(value) if b != "auto"]
+            cfg["auto"] = "compare" if fixed else True
+            cfg["budgets"] = fixed or cfg["budgets"]
         elif key == "heads":
             cfg["heads"] = {**cfg["heads"], **value}
         else:
@@ -385,8 +392,10 @@ def run_settings(target: Target, cfg: Mapping, prompts_by_dataset, *, progress: 
     """``run`` (or ``run_auto`` when ``cfg["auto"]``) with resolved settings."""
     kwargs = dict(max_new_tokens=cfg["max_new_tokens"], heads=cfg["heads"], temperature=cfg["temperature"],
                   progress=progress)
-    bench = run_auto if cfg["auto"] else run
-    return bench(target, cfg["methods"], prompts_by_dataset, cfg["budgets"], **kwargs)
+    if cfg["auto"]:
+        return run_auto(target, cfg["methods"], prompts_by_dataset, cfg["budgets"], compare=cfg["auto"] == "compare",
+                        **kwargs)
+    return run(target, cfg["methods"], prompts_by_dataset, cfg["budgets"], **kwargs)
 
 
 # ----------------------------------------------------------------------------- rendering

@@ -72,7 +72,8 @@ def add_bench(sub) -> None:
     b.add_argument("--preset", default="cpu", help="cpu (embedded target) or qwen3-8b (GPU)")
     b.add_argument("--methods", default=None, help="comma list: ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow")
     b.add_argument("--datasets", default=None, help="comma list: gsm8k,math500,humaneval,mbpp,mt_bench,spec_bench")
-    b.add_argument("--budgets", default=None, help="comma list, e.g. 16,32,64,128,255, or 'auto'")
+    b.add_argument("--budgets", default=None, help="comma list, e.g. 16,32,64,128,255; 'auto' (pick among the preset's budgets) or "
+                        "'8,16,32,auto' (pick among these, and run each of them too for comparison)")
     b.add_argument("--limit", type=int, default=None, help="first N prompts of each dataset")
     b.add_argument("--max-new-tokens", type=int, default=None)
     b.add_argument("--prompts-file", default=None, help='JSONL of {"id", "prompt"} per line')

@@ -172,6 +172,17 @@ def test_run_auto_runs_the_predicted_best_budget(target, cost):
     assert "predicted tokens/s" in bench.to_markdown(rows)
 
 
+def test_run_auto_compare_runs_every_candidate_and_flags_the_pick(target):
+    cost = {1: 0.01, 3: 0.012, 5: 0.03}
+    rows = bench.run_auto(target, ["ar", "lookup"], PROMPTS, [2, 4], calib_prompts=2, calib_new_tokens=6,
+                          cost_by_size=cost, max_new_tokens=6, progress=False, compare=True)
+    lookup = [r for r in rows if r["dataset"] == "math" and r["method"] == "lookup"]
+    assert [r["budget"] for r in lookup] == [2, 4]
+    best = max(lookup[0]["auto_table"], key=lambda t: (t["predicted_tokens_per_s"], -t["budget"]))
+    assert [r["auto_budget"] for r in lookup] == [r["budget"] == best["budget"] for r in lookup]
+    assert all(r["predicted_tokens_per_s"] > 0 for r in lookup)
+
+
 def test_calibration_prompts_round_robin():
     assert [p["id"] for p in bench.calibration_prompts(PROMPTS, 3)] == ["m0", "c0", "m1"]
 
@@ -191,6 +202,8 @@ def test_qwen3_preset_values():
     ({"budgets": [8]}, "budgets", (8,)),
     ({"budgets": "auto"}, "auto", True),
     ({"budgets": "auto"}, "budgets", (16, 32, 64, 128, 255)),
+    ({"budgets": "8,16,auto"}, "auto", "compare"),
+    ({"budgets": "8,16,auto"}, "budgets", (8, 16)),
     ({"methods": "ar,lookup", "limit": None}, "methods", ("ar", "lookup")),
     ({"limit": 3, "dtype": "float32"}, "limit", 3),
     ({"heads": {"dflash": "/x"}}, "heads", {"jetflow": "JetSpec/jetspec-qwen3-8b", "dflash": "/x"}),
