@@ -141,7 +141,8 @@ def default_draft_dtype(target) -> torch.dtype:
 @dataclass
 class HeadProposer:
     """A trained draft head plus a tree builder: ``jetflow`` (causal head + Algorithm 1),
-    ``dflash`` (bidirectional head + chain), ``ddtree`` (bidirectional head + best prefixes).
+    ``dflash`` (bidirectional head + chain), ``ddtree`` (bidirectional head + best prefixes),
+    ``jetflow-bp`` (causal head + best prefixes).
 
     The head runs in its own dtype (``head.dtype``); the target's embedding and the lm_head rows of the
     head's draft vocabulary are copied once into that dtype."""
@@ -192,7 +193,10 @@ class HeadProposer:
 
 
 HEAD_METHODS = {"jetflow": ("jetflow", "accum_logp"), "dflash": ("dflash", "chain"),
-                "ddtree": ("dflash", "best_prefix")}  # method -> (shipped head kind, tree builder)
+                "ddtree": ("dflash", "best_prefix"),
+                "jetflow-bp": ("jetflow", "best_prefix")}  # method -> (shipped head kind, tree builder)
+# jetflow-bp is an ablation beyond the paper: JetFlow's causal head under DDTree's exact best-prefix tree,
+# which tells the head's share of a JetFlow/DDTree gap from the tree builder's.
 METHODS = ("ar", "lookup", "random", *HEAD_METHODS)
 
 
