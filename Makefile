@@ -26,20 +26,23 @@ test: $(STAMP)
 notebooks: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
 
-# The committed CPU results (data/results/cpu-*): greedy, 256 new tokens, first 20 prompts, methods
-# interleaved prompt by prompt. The GSM8K tau tables (fp32, budgets 16/64) run as two 1-thread processes
-# side by side (~25 min); the bf16 speed run then gets the whole machine (2 threads, ~12 min).
-# Add budgets (RESULTS_BUDGETS=16,32,64,128,255) for the full curve: budget 255 alone costs ~40 min here.
+# The committed CPU results (data/results/cpu-*): greedy, 256 new tokens, first 20 prompts.
+# 1. Replayed tau (fp32): one AR decode per prompt of GSM8K, MATH-500, HumanEval and MT-Bench (cached under
+#    ~/.cache/jetflow/replay, resumable), then every head method x budget x width replayed (~40 min, 1 core).
+# 2. Decoded GSM8K in fp32, methods interleaved prompt by prompt: two 1-thread processes side by side (~25 min).
+# 3. bf16 speed on GSM8K and MATH-500 with the hardware-aware budget beside every fixed candidate (2 threads).
 BENCH := $(PY) -m jetflow bench --limit 20 --max-new-tokens 256
 RESULTS_BUDGETS ?= 16,64
 results: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow replay --datasets gsm8k,math500,humaneval,mt_bench --limit 20 \
+	    --max-new-tokens 256 --budgets 8,16,32,64,128,255 --widths 4,7,10 --out data/results/cpu-replay-tau
 	OMP_NUM_THREADS=1 $(BENCH) --methods ar,lookup,jetflow --datasets gsm8k --budgets $(RESULTS_BUDGETS) \
 	    --dtype float32 --out data/results/cpu-gsm8k-fp32-causal & a=$$!; \
 	OMP_NUM_THREADS=1 $(BENCH) --methods ar,ddtree,dflash --datasets gsm8k --budgets $(RESULTS_BUDGETS) \
 	    --dtype float32 --out data/results/cpu-gsm8k-fp32-bidir & b=$$!; \
 	wait $$a && wait $$b
-	OMP_NUM_THREADS=2 $(BENCH) --methods ar,jetflow --datasets gsm8k,math500 --budgets 16,32 --dtype bfloat16 \
-	    --out data/results/cpu-speed-bf16
+	OMP_NUM_THREADS=2 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets gsm8k,math500 --budgets 8,16,32,auto \
+	    --dtype bfloat16 --out data/results/cpu-speed-bf16
 
 clean:
 	rm -rf $(VENV)

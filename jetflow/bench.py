@@ -427,10 +427,11 @@ def to_markdown(rows: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(rows: Sequence[dict], out_dir: str | os.PathLike) -> Path:
-    """Write ``rows.json`` (the list of rows) and ``table.md`` under ``out_dir``; returns the folder."""
+def write(rows: Sequence[dict], out_dir: str | os.PathLike, markdown=None) -> Path:
+    """Write ``rows.json`` (the list of rows) and ``table.md`` (``markdown(rows)``, default ``to_markdown``)
+    under ``out_dir``; returns the folder."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rows.json").write_text(json.dumps(list(rows), indent=2) + "\n")
-    (out / "table.md").write_text(to_markdown(rows))
+    (out / "table.md").write_text((markdown or to_markdown)(rows))
     return out

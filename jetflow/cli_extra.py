@@ -57,13 +57,18 @@ def cmd_bench(args) -> int:
     target = load_target(cfg["model"], dtype=cfg["dtype"], device=cfg["device"],
                          chat_kwargs=cfg.get("chat_template_kwargs"))
     rows = bench.run_settings(target, cfg, prompts, progress=not args.json)
+    return _emit(rows, args, bench)
+
+
+def _emit(rows: list[dict], args, module) -> int:
+    """``--out``: rows.json + table.md via ``module.write``; then JSON lines (``--json``) or the table."""
     if args.out:
-        print(f"wrote {bench.write(rows, args.out)}", file=sys.stderr)
+        print(f"wrote {module.write(rows, args.out)}", file=sys.stderr)
     if args.json:
         for row in rows:
             print(json.dumps(row))
     else:
-        print(bench.to_markdown(rows))
+        print(module.to_markdown(rows))
     return 0
 
 
@@ -105,14 +110,7 @@ def cmd_replay(args) -> int:
               for ds, ps in prompts.items()}
     rows = replay.replay(target, cfg["methods"], traces, cfg["budgets"], heads=heads, widths=widths,
                          progress=not args.json)
-    if args.out:
-        print(f"wrote {replay.write(rows, args.out)}", file=sys.stderr)
-    if args.json:
-        for row in rows:
-            print(json.dumps(row))
-    else:
-        print(replay.to_markdown(rows))
-    return 0
+    return _emit(rows, args, replay)
 
 
 def add_replay(sub) -> None:

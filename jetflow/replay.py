@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .bench import depth_accept, environment, tau, tau_hist, verify_tokens
+from .bench import write as bench_write
 from .decode import Round, generate
 from .proposers import HEAD_METHODS, HeadProposer, make_proposer
 from .train import BlockForward, target_pass
@@ -188,8 +189,5 @@ def to_markdown(rows: Sequence[dict]) -> str:
 
 
 def write(rows: Sequence[dict], out_dir: str | Path) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "rows.json").write_text(json.dumps(list(rows), indent=1) + "\n")
-    (out / "table.md").write_text(to_markdown(rows))
-    return out
+    """``rows.json`` and the tau table (``table.md``) under ``out_dir``."""
+    return bench_write(rows, out_dir, to_markdown)

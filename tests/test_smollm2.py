@@ -83,3 +83,21 @@ def test_prefill_taps_shape(smol):
     cache = smol.new_cache()
     step = smol.forward(torch.tensor([1, 2, 3]), cache, taps=(1, 27))
     assert step.logits.shape == (3, 49152) and step.taps.shape == (3, 2, 576)
+
+
+def test_cli_replay_equals_decoding(smol, capsys, tmp_path):
+    """`python -m jetflow replay` on the shipped heads: its tau is the tau of really decoding (fp32 drafts)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "clips", "prompt": PROMPTS[1]}) + "\n")
+    code, out, _ = run_cli(capsys, "replay", "--prompts-file", str(prompts), "--methods", "jetflow,ddtree",
+                           "--budgets", "4,32", "--max-new-tokens", str(NEW), "--cache", str(tmp_path), "--json")
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["method"], r["budget"]) for r in rows] == [("jetflow", 4), ("jetflow", 32), ("ddtree", 4), ("ddtree", 32)]
+    for r in rows:
+        proposer = make_proposer(r["method"], smol, draft_dtype=torch.float32)
+        res = generate(smol, PROMPTS[1], proposer, budget=r["budget"], max_new_tokens=NEW)
+        assert r["tau"] == pytest.approx(res.tau) and r["new_tokens"] == NEW
+    code, out, err = run_cli(capsys, "replay", "--prompts-file", str(prompts), "--methods", "lookup",
+                             "--cache", str(tmp_path))
+    assert code == 2 and "head methods" in err
