@@ -180,7 +180,8 @@ def to_markdown(rows: Sequence[dict]) -> str:
     cells: dict[tuple, dict[int, float]] = {}
     for r in rows:
         cells.setdefault((r["method"], r["width"], r["dataset"]), {})[r["budget"]] = r["tau"]
-    for (m, w, ds), by_b in cells.items():
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    for (m, w, ds), by_b in sorted(cells.items(), key=lambda kv: datasets.index(kv[0][2])):
         lines.append(f"| {m} | {w or '-'} | {ds} | " +
                      " | ".join(f"{by_b[b]:.2f}" if by_b.get(b) is not None else "-" for b in budgets) + " |")
     lines.append("\ntau = mean tokens committed per round including the bonus token; budget = draft nodes "
