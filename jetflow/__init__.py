@@ -21,13 +21,16 @@ Entry points
   ``proposer=None`` is plain autoregressive decoding through the same seam.
 - ``make_proposer(method, target, head=None, draft_dtype=None)``: ``ar``, ``lookup``, ``random``, and
   the head methods ``jetflow`` (causal head + accum_logp), ``dflash`` (bidirectional head + chain),
-  ``ddtree`` (bidirectional head + best_prefix); heads draft in bf16 where that is fast.
+  ``ddtree`` (bidirectional head + best_prefix), ``jetflow-bp`` (causal head + best_prefix, an
+  ablation); heads draft in bf16 where that is fast.
 - ``DraftHead`` / ``HeadConfig`` (``jetflow.head``): fused taps -> a few decoder layers with KV
   injection -> the target's frozen ``lm_head`` (optionally only its rows of a K-token draft
   vocabulary, ``head.vocab``); ``draft_logp(...) -> (D, V)``;
   ``save_pretrained`` / ``from_pretrained`` in the published JetSpec/DFlash layout.
 - ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training), ``jetflow.bench``
-  (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures).
+  (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
+  ``jetflow.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
+  ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows).
 """
 from .decode import Result, Round, generate
 from .proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
