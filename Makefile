@@ -30,7 +30,7 @@ notebooks: $(STAMP)
 # 1. Replayed tau (fp32): one AR decode per prompt of GSM8K, MATH-500, HumanEval and MT-Bench (cached under
 #    ~/.cache/jetflow/replay, resumable), then every head method x budget x width replayed (~40 min, 1 core).
 # 2. Decoded GSM8K in fp32, methods interleaved prompt by prompt: two 1-thread processes side by side (~25 min).
-# 3. bf16 speed on GSM8K and MATH-500 with the hardware-aware budget beside every fixed candidate (2 threads).
+# 3. bf16 speed on GSM8K and MATH-500 with the hardware-aware budget beside every fixed candidate (1 thread, ~65 min).
 BENCH := $(PY) -m jetflow bench --limit 20 --max-new-tokens 256
 RESULTS_BUDGETS ?= 16,64
 results: $(STAMP)
@@ -41,7 +41,7 @@ results: $(STAMP)
 	OMP_NUM_THREADS=1 $(BENCH) --methods ar,ddtree,dflash --datasets gsm8k --budgets $(RESULTS_BUDGETS) \
 	    --dtype float32 --out data/results/cpu-gsm8k-fp32-bidir & b=$$!; \
 	wait $$a && wait $$b
-	OMP_NUM_THREADS=2 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets gsm8k,math500 --budgets 8,16,32,auto \
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets gsm8k,math500 --budgets 8,16,32,auto \
 	    --dtype bfloat16 --out data/results/cpu-speed-bf16
 
 clean:
