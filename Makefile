@@ -29,7 +29,8 @@ notebooks: $(STAMP)
 # The committed CPU results (data/results/cpu-*): greedy, 256 new tokens, first 20 prompts.
 # 1. Replayed tau (fp32): one AR decode per prompt of GSM8K, MATH-500, HumanEval and MT-Bench (cached under
 #    ~/.cache/jetflow/replay, resumable), then every head method x budget x width replayed (~40 min, 1 core).
-# 2. Decoded GSM8K in fp32, methods interleaved prompt by prompt: two 1-thread processes side by side (~25 min).
+# 2. Decoded GSM8K (budgets 16/64) and MATH-500 (budget 16) in fp32, methods interleaved prompt by prompt:
+#    two 1-thread processes side by side (~25 + ~20 min).
 # 3. bf16 speed on GSM8K and MATH-500 with the hardware-aware budget beside every fixed candidate (1 thread, ~65 min).
 BENCH := $(PY) -m jetflow bench --limit 20 --max-new-tokens 256
 RESULTS_BUDGETS ?= 16,64
@@ -40,6 +41,11 @@ results: $(STAMP)
 	    --dtype float32 --out data/results/cpu-gsm8k-fp32-causal & a=$$!; \
 	OMP_NUM_THREADS=1 $(BENCH) --methods ar,ddtree,dflash --datasets gsm8k --budgets $(RESULTS_BUDGETS) \
 	    --dtype float32 --out data/results/cpu-gsm8k-fp32-bidir & b=$$!; \
+	wait $$a && wait $$b
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets math500 --budgets 16 \
+	    --dtype float32 --out data/results/cpu-math500-fp32-causal & a=$$!; \
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,ddtree,dflash --datasets math500 --budgets 16 \
+	    --dtype float32 --out data/results/cpu-math500-fp32-bidir & b=$$!; \
 	wait $$a && wait $$b
 	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets gsm8k,math500 --budgets 8,16,32,auto \
 	    --dtype bfloat16 --out data/results/cpu-speed-bf16
