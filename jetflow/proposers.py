@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .head import DraftHead, HeadState, check_compatible, draft_hidden
-from .tree import BUILDERS, Tree, accum_logp
+from .tree import Tree, accum_logp, tree_builder
 
 
 @dataclass
@@ -176,15 +176,14 @@ class HeadProposer:
         """(N-1, K) fp32 draft log-probs for depths 1..N-1 after feeding the new taps; column i is
         token ``head.vocab[i]`` (token i when the head drafts the whole vocabulary, K = V)."""
         state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))
-        hidden = draft_hidden(self.head, state.head, tokens[-1], self._embed)
+        return self.logp(draft_hidden(self.head, state.head, tokens[-1], self._embed))
+
+    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final head states (..., H) -> fp32 log-probs over the draft vocabulary (..., K)."""
         return torch.log_softmax(F.linear(hidden, self._out).float(), dim=-1)
 
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
-        logp = self.depth_logp(state, tokens, new_taps)
-        if self.builder == "accum_logp":
-            tree = accum_logp(logp, budget, tokens[-1], self.width)
-        else:
-            tree = BUILDERS[self.builder](logp, budget, tokens[-1])
+        tree = tree_builder(self.builder, self.width)(self.depth_logp(state, tokens, new_taps), budget, tokens[-1])
         if self._vocab is None:
             return tree
         ids = tree.tokens.clone()

@@ -34,7 +34,7 @@ from .bench import write as bench_write
 from .decode import Round, generate
 from .proposers import HEAD_METHODS, HeadProposer, make_proposer
 from .train import BlockForward, target_pass
-from .tree import BUILDERS, Tree, accum_logp
+from .tree import Tree, tree_builder
 from .verify import greedy_accept
 
 REPLAY_NOTE = "replay: greedy rounds walked over one AR decode per prompt (tau only, no timing)"
@@ -100,20 +100,13 @@ def draft_table(proposer: HeadProposer, trace: Trace, k: int = 256, chunk: int =
         block_ids[:, 0] = ids[part]
         x = F.embedding(block_ids.view(-1).to(proposer._embed.device), proposer._embed)
         hidden = blocks(taps, x.to(taps.device), part.to(taps.device))                 # (a, D, H)
-        logp = torch.log_softmax(F.linear(hidden, proposer._out).float(), dim=-1)      # (a, D, K)
+        logp = proposer.logp(hidden)                                                    # (a, D, K)
         top, col = logp.topk(min(k, logp.shape[-1]), dim=-1)
         logps.append(top.cpu())
         cols.append(col.cpu())
     col = torch.cat(cols) if cols else torch.zeros(0, n - 1, k, dtype=torch.long)
     logp = torch.cat(logps) if logps else torch.zeros(0, n - 1, k)
     return DraftTable(logp, col if proposer._vocab is None else proposer._vocab[col])
-
-
-def tree_builder(builder: str, width: int = 7) -> Callable[[torch.Tensor, int, int], Tree]:
-    """(logp (D, K), budget, root) -> Tree, as ``HeadProposer.propose`` builds it."""
-    if builder == "accum_logp":
-        return lambda logp, budget, root: accum_logp(logp, budget, root, width)
-    return BUILDERS[builder]
 
 
 def walk(table: DraftTable, trace: Trace, build: Callable, budget: int, eos_ids) -> list[Round]:

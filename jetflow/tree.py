@@ -151,3 +151,10 @@ def best_prefix(logp: torch.Tensor, budget: int, root: int) -> Tree:
 
 
 BUILDERS = {"chain": chain, "accum_logp": accum_logp, "best_prefix": best_prefix}
+
+
+def tree_builder(builder: str, width: int = 7):
+    """(logp (D, K), budget, root) -> Tree for a builder name; ``width`` applies to ``accum_logp``."""
+    if builder == "accum_logp":
+        return lambda logp, budget, root: accum_logp(logp, budget, root, width)
+    return BUILDERS[builder]
