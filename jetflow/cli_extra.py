@@ -140,7 +140,8 @@ def train_config(args):
              "gamma_start": args.gamma_start, "curriculum": args.curriculum,
              "steps": args.steps, "lr": args.lr, "anchors_per_seq": args.anchors,
              "seqs_per_step": args.seqs_per_step, "eval_every": args.eval_every,
-             "save_every": args.save_every, "seed": args.seed, "draft_vocab": args.draft_vocab}
+             "save_every": args.save_every, "seed": args.seed, "draft_vocab": args.draft_vocab,
+             "init": args.init if args.init in (None, "target", "random") else str(Path(args.init).resolve())}
     cfg = parse_set(TrainConfig.from_name(args.preset, data=args.data, out=args.out), args.set)
     return dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})
 
@@ -179,6 +180,8 @@ def add_train(sub) -> None:
     t.add_argument("--draft-vocab", type=int, default=None,
                    help="draft only the K most frequent response tokens of the data (0 = whole vocabulary)")
     t.add_argument("--model", default=None, help="target hub id or local dir (default: embedded SmolLM2)")
+    t.add_argument("--init", default=None,
+                   help="target (default) | random | a trained head's directory to continue training from")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other TrainConfig field, e.g. --set max_len=256 (repeatable)")
     t.set_defaults(func=cmd_train)

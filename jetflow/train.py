@@ -74,7 +74,8 @@ class TrainConfig:
     warmup: float = 0.04          # warmup fraction of the steps, then cosine to 0
     grad_clip: float = 1.0
     max_len: int = 3072           # truncate prompt + response
-    init: str = "target"          # "target": init_from_target; "random" stalls (FIELD_NOTES.md)
+    init: str = "target"          # "target": init_from_target; "random" stalls (FIELD_NOTES.md); or a
+                                  # trained head's directory: warm start (continued training) from it
     draft_vocab: int = 0          # K > 0: draft only the K most frequent response tokens of the training
                                   # data (plus EOS): a K-row lm_head, cheaper to train and to draft with
     seed: int = 0
@@ -91,7 +92,8 @@ class TrainConfig:
         problems += [f"draft_vocab must be >= 0, got {self.draft_vocab}"] if self.draft_vocab < 0 else []
         problems += [msg for bad, msg in [
             (self.loss not in ("kl", "ce"), f"loss must be kl or ce, got {self.loss!r}"),
-            (self.init not in ("target", "random"), f"init must be target or random, got {self.init!r}"),
+            (self.init not in ("target", "random") and not (Path(self.init) / "config.json").is_file(),
+             f"init must be target, random or a head directory holding config.json, got {self.init!r}"),
             (self.dtype not in DTYPES, f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"),
             (self.block_size < 2 or self.max_len < 3, "block_size must be >= 2 and max_len >= 3"),
             (self.gamma < 0 or self.lr <= 0 or self.grad_clip <= 0, "need gamma >= 0, lr > 0, grad_clip > 0"),
@@ -428,7 +430,29 @@ def build_head(cfg: TrainConfig, target, rows: list[dict] | None = None) -> Draf
         head.draft_vocab.copy_(draft_vocabulary(rows or [], cfg.draft_vocab, sorted(target.eos_ids)))
     if cfg.init == "target":
         init_from_target(head, target.model)
+    elif cfg.init != "random":
+        warm_start(head, cfg.init)
     return head.float()  # fp32 params whatever the target's dtype
+
+
+def warm_start(head: DraftHead, path: str) -> None:
+    """Copy a trained head's weights (and draft vocabulary) into ``head``, which must have its layout."""
+    parent = DraftHead.from_pretrained(path)
+    if parent.config != head.config:
+        diff = sorted(k for k, v in asdict(head.config).items() if asdict(parent.config).get(k) != v)
+        raise ValueError(f"cannot warm-start from {path}: its head differs in {diff}")
+    head.load_state_dict(parent.state_dict())
+
+
+def lineage(cfg: TrainConfig) -> list[str]:
+    """Commands that rebuild a warm-started head's ancestors, oldest first (from their provenance)."""
+    if cfg.init in ("target", "random"):
+        return []
+    prov = Path(cfg.init) / "provenance.json"
+    if not prov.is_file():
+        return [f"# {cfg.init} has no provenance.json: its training command is unknown"]
+    parent = json.loads(prov.read_text())
+    return [*parent.get("lineage", []), parent["command"]]
 
 
 def setup(cfg: TrainConfig, target=None) -> tuple[Run, list[dict]]:
@@ -524,7 +548,7 @@ def read_history(run: Run, step: int) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- provenance
-CLI_FLAGS = {"draft_vocab": "--draft-vocab", "model": "--model", "gamma": "--gamma", "gamma_start": "--gamma-start", "curriculum": "--curriculum", "loss": "--loss", "steps": "--steps", "lr": "--lr",
+CLI_FLAGS = {"init": "--init", "draft_vocab": "--draft-vocab", "model": "--model", "gamma": "--gamma", "gamma_start": "--gamma-start", "curriculum": "--curriculum", "loss": "--loss", "steps": "--steps", "lr": "--lr",
              "anchors_per_seq": "--anchors", "seqs_per_step": "--seqs-per-step", "eval_every": "--eval-every",
              "save_every": "--save-every", "seed": "--seed"}
 
@@ -570,7 +594,7 @@ def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) ->
             "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
     meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`
     data["command"] = json.loads(meta.read_text()).get("command") if meta.is_file() else None
-    prov = {"command": command_for(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
+    prov = {"command": command_for(cfg), "lineage": lineage(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
             "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": asdict(cfg),
             "final": {"acc": last["acc"], "sim_tau": last["sim_tau"], "eval_step": last["step"]},
             "tau_convention": TAU_NOTE, "versions": {"torch": torch.__version__,
@@ -579,7 +603,10 @@ def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) ->
     (run.out / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
     acc = prov["final"]["acc"]
     (run.out / "PROVENANCE.md").write_text("\n".join([
-        "# Draft head training run", "", "Reproduce with:", "", "```", prov["command"], "```", "",
+        "# Draft head training run", "",
+        *(["Warm-started (`--init`) from a head that these commands train, oldest first:", "", "```",
+           *prov["lineage"], "```", ""] if prov["lineage"] else []),
+        "Reproduce with:", "", "```", prov["command"], "```", "",
         *([f"The data file comes from (`JETFLOW_DATA_DIR` names the prompt sets; outputs of batched bf16 "
            f"greedy decoding can differ in rare tokens between machines):", "", "```", data["command"], "```", ""]
           if data["command"] else []),

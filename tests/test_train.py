@@ -248,3 +248,25 @@ def test_draft_vocab_head_trains_saves_and_skips_unknown_tokens(target, data, tm
     assert slots == int(known) < 4  # "ce" supervises in-vocabulary slots only (random data: some are not)
     with pytest.raises(ValueError, match="exceeds the target's vocabulary"):
         build_head(dataclasses.replace(cfg, draft_vocab=V + 1), target, rows)
+
+
+def test_warm_start_continues_from_a_trained_head(target, data, tmp_path):
+    parent, _ = train(smoke(data, tmp_path / "parent", draft_vocab=40, loss="ce"), target, progress=False)
+    cfg = smoke(data, tmp_path / "child", draft_vocab=40, loss="ce", init=str(tmp_path / "parent"), seed=1)
+    start = build_head(cfg, target, [])
+    saved = DraftHead.from_pretrained(str(tmp_path / "parent"))  # bf16 on disk: the start is its rounding
+    for (name, a), b in zip(saved.state_dict().items(), start.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert torch.equal(start.vocab, parent.vocab)
+    train(cfg, target, progress=False)
+    prov = json.loads((tmp_path / "child" / "provenance.json").read_text())
+    parent_prov = json.loads((tmp_path / "parent" / "provenance.json").read_text())
+    assert prov["lineage"] == [parent_prov["command"]] and "--init" in prov["command"]
+    md = (tmp_path / "child" / "PROVENANCE.md").read_text()
+    assert md.index(parent_prov["command"]) < md.index(prov["command"])
+    args = build_parser().parse_args(shlex.split(prov["command"])[3:])
+    assert train_config(args) == dataclasses.replace(cfg, data=args.data, out=args.out)
+    with pytest.raises(ValueError, match="differs in"):
+        build_head(dataclasses.replace(cfg, draft_vocab=0), target, [])
+    with pytest.raises(ValueError, match="head directory"):
+        smoke(data, tmp_path / "x", init=str(tmp_path / "nowhere"))
