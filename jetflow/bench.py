@@ -267,42 +267,51 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
             for ds in encoded for k, cfg in enumerate(cfgs)]
 
 
-def calibration_prompts(prompts_by_dataset: Mapping[str, Sequence[dict]], n: int) -> list[dict]:
-    """``n`` prompts taken round-robin across datasets (first prompts first)."""
-    lists = [list(p) for p in prompts_by_dataset.values()]
-    pool = [ps[i] for i in range(max(map(len, lists), default=0)) for ps in lists if i < len(ps)]
-    return pool[:n]
-
-
 def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets: Sequence[int], *,
              heads=None, temperature: float = 0.0, calib_prompts: int = 3, calib_new_tokens: int = 64,
              cost_by_size: Mapping[int, float] | None = None, compare: bool = False, **kwargs) -> list[dict]:
-    """``--budgets auto``: calibrate tau(budget) of each tree method on a few prompts, time the verify
-    step at every candidate size (unless ``cost_by_size`` is given), run each method at its predicted
-    best budget, and put the prediction beside the measurement (``predicted_tokens_per_s``,
-    ``auto_budget``: True on the picked row, ``auto_table``). With ``compare`` every candidate budget
-    runs too, in the same interleaved run, so the pick can be checked against the best fixed budget.
-    Other keyword arguments go to ``run``."""
+    """``--budgets auto``: time the verify step at every candidate size once (unless ``cost_by_size``
+    is given); then, dataset by dataset, calibrate tau(budget) of each tree method on the dataset's
+    first ``calib_prompts`` prompts, run each method at its predicted best budget, and put the
+    prediction beside the measurement (``predicted_tokens_per_s``, ``predicted_speedup``,
+    ``auto_budget``: True on the picked row, ``auto_table``). Each dataset gets its own pick: tau(budget)
+    is a property of the text as much as of the head. With ``compare`` every candidate budget runs too,
+    in the same interleaved run, so the pick can be checked against the best fixed budget. Other
+    keyword arguments go to ``run``."""
     from . import budget as bud
-    sample = calibration_prompts(prompts_by_dataset, calib_prompts)
     cost = cost_by_size
     if cost is None:
         sizes = sorted({1, *(b + 1 for b in budgets)})
         cost = bud.measure_verify_cost(target, sizes, past_len=min(256, target.max_context - sizes[-1]))
-    picked, tables = {}, {"ar": [{"budget": None, "predicted_tokens_per_s": 1 / bud.interp_cost(cost, 1)}]}
-    for m in (m for m in dict.fromkeys(methods) if m not in BUDGET_FREE):
-        cal = bud.calibrate(target, m, sample, budgets, max_new_tokens=calib_new_tokens, temperature=temperature,
-                            head=head_for(m, heads))
-        best, tables[m] = bud.pick_budget(cal.tau, cost, draft_s=cal.draft_s)
-        picked[m] = [best]
-    rows = run(target, methods, prompts_by_dataset, budgets if compare else picked, heads=heads,
-               temperature=temperature, **kwargs)
-    for row in rows:
-        table = tables.get(row["method"])
-        pred = next((t["predicted_tokens_per_s"] for t in table or [] if t["budget"] == row["budget"]), None)
-        row.update(predicted_tokens_per_s=pred, auto_budget=row["budget"] in picked.get(row["method"], ()),
-                   auto_table=table)
+    rows = []
+    for ds, prompts in prompts_by_dataset.items():
+        sample = list(prompts)[:calib_prompts]
+        picked, tables = {}, {"ar": [{"budget": None, "predicted_tokens_per_s": 1 / bud.interp_cost(cost, 1)}]}
+        for m in (m for m in dict.fromkeys(methods) if m not in BUDGET_FREE):
+            cal = bud.calibrate(target, m, sample, budgets, max_new_tokens=calib_new_tokens,
+                                temperature=temperature, head=head_for(m, heads))
+            best, tables[m] = bud.pick_budget(cal.tau, cost, draft_s=cal.draft_s)
+            picked[m] = [best]
+        ds_rows = run(target, methods, {ds: prompts}, budgets if compare else picked, heads=heads,
+                      temperature=temperature, **kwargs)
+        for row in ds_rows:
+            table = tables.get(row["method"])
+            pred = next((t["predicted_tokens_per_s"] for t in table or [] if t["budget"] == row["budget"]), None)
+            row.update(predicted_tokens_per_s=pred, auto_budget=row["budget"] in picked.get(row["method"], ()),
+                       auto_table=table)
+        rows += ds_rows
+    for row, ratio in zip(rows, predicted_speedups(rows)):
+        row["predicted_speedup"] = ratio
     return rows
+
+
+def predicted_speedups(rows: Sequence[dict]) -> list[float | None]:
+    """Each row's predicted tokens/s over the predicted AR tokens/s of its dataset (None where either is
+    missing). Both predictions come from one cost table timed in one go, so machine load, which shifts
+    predicted and measured tokens/s alike, cancels: this is the number to hold against ``speedup``."""
+    ar = {r["dataset"]: r.get("predicted_tokens_per_s") for r in rows if r["method"] == "ar"}
+    return [r["predicted_tokens_per_s"] / ar[r["dataset"]]
+            if r.get("predicted_tokens_per_s") and ar.get(r["dataset"]) else None for r in rows]
 
 
 # ----------------------------------------------------------------------------- presets
@@ -409,13 +418,15 @@ def to_markdown(rows: Sequence[dict]) -> str:
     """A markdown table of the rows, the tau/budget/speedup conventions above it, the setup below."""
     predicted = any("predicted_tokens_per_s" in r for r in rows)
     head = ["method", "dataset", "budget", "n", "new tokens", "tau", "verify tokens", "prefill s", "decode s",
-            "tokens/s", *(["predicted tokens/s"] if predicted else []), "speedup", "identical to AR"]
+            "tokens/s", *(["predicted tokens/s"] if predicted else []), "speedup",
+            *(["predicted speedup"] if predicted else []), "identical to AR"]
     lines = [CONVENTIONS + ".", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
+    for r, ratio in zip(rows, predicted_speedups(rows)):
         cells = [r["method"], r["dataset"], _fmt(r["budget"]), _fmt(r["n_prompts"]), _fmt(r["new_tokens"]),
                  _fmt(r["tau"]), _fmt(r["verify_tokens"], 1), _fmt(r["prefill_s"]), _fmt(r["decode_s"]),
                  _fmt(r["tokens_per_s"], 1), *([_fmt(r.get("predicted_tokens_per_s"), 1)] if predicted else []),
                  _fmt(r["speedup"]) + ("x" if r["speedup"] is not None else ""),
+                 *([_fmt(ratio) + ("x" if ratio is not None else "")] if predicted else []),
                  f"{r['identical_to_ar']}/{r['n_prompts']}"]
         lines.append("| " + " | ".join(cells) + " |")
     if rows:

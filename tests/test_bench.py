@@ -169,7 +169,21 @@ def test_run_auto_runs_the_predicted_best_budget(target, cost):
     best = max(row["auto_table"], key=lambda t: (t["predicted_tokens_per_s"], -t["budget"]))
     assert row["auto_budget"] is True and row["budget"] == best["budget"]
     assert row["predicted_tokens_per_s"] == best["predicted_tokens_per_s"]
-    assert "predicted tokens/s" in bench.to_markdown(rows)
+    assert ar["predicted_speedup"] == 1.0
+    assert row["predicted_speedup"] == pytest.approx(row["predicted_tokens_per_s"] / ar["predicted_tokens_per_s"])
+    table = bench.to_markdown(rows)
+    assert "predicted tokens/s" in table and "predicted speedup" in table
+    assert f"| {row['predicted_speedup']:.2f}x |" in table
+
+
+def test_predicted_speedup_is_per_dataset_and_missing_without_an_ar_prediction():
+    rows = [{"method": "ar", "dataset": "a", "predicted_tokens_per_s": 10.0},
+            {"method": "lookup", "dataset": "a", "predicted_tokens_per_s": 15.0},
+            {"method": "ar", "dataset": "b", "predicted_tokens_per_s": 20.0},
+            {"method": "lookup", "dataset": "b", "predicted_tokens_per_s": 15.0},
+            {"method": "lookup", "dataset": "c", "predicted_tokens_per_s": 15.0},
+            {"method": "ar", "dataset": "d"}]
+    assert bench.predicted_speedups(rows) == [1.0, 1.5, 1.0, 0.75, None, None]
 
 
 def test_run_auto_compare_runs_every_candidate_and_flags_the_pick(target):
@@ -183,8 +197,19 @@ def test_run_auto_compare_runs_every_candidate_and_flags_the_pick(target):
     assert all(r["predicted_tokens_per_s"] > 0 for r in lookup)
 
 
-def test_calibration_prompts_round_robin():
-    assert [p["id"] for p in bench.calibration_prompts(PROMPTS, 3)] == ["m0", "c0", "m1"]
+def test_run_auto_calibrates_each_dataset_on_its_own_prompts(target, monkeypatch):
+    from jetflow import budget as bud
+    seen, real = [], bud.calibrate
+
+    def spy(target, method, prompts, *args, **kwargs):
+        seen.append((method, [p["id"] for p in prompts]))
+        return real(target, method, prompts, *args, **kwargs)
+    monkeypatch.setattr(bud, "calibrate", spy)
+    rows = bench.run_auto(target, ["ar", "lookup"], PROMPTS, [2, 4], calib_prompts=1, calib_new_tokens=6,
+                          cost_by_size={1: 0.01, 3: 0.012, 5: 0.03}, max_new_tokens=6, progress=False)
+    assert seen == [("lookup", [PROMPTS[ds][0]["id"]]) for ds in PROMPTS]
+    assert [(r["dataset"], r["method"]) for r in rows] == [(ds, m) for ds in PROMPTS for m in ("ar", "lookup")]
+    assert all(r["predicted_speedup"] == 1.0 for r in rows if r["method"] == "ar")
 
 
 # ----------------------------------------------------------------------------- presets
