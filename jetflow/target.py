@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -106,10 +107,18 @@ class Target:
         kwargs = {}
         if mask is not None:
             kwargs["attention_mask"] = mask.to(device=self.device, dtype=self.dtype)
+        kwargs[_cache_argument(type(self.model))] = cache
         out = self.model(input_ids=ids[None].to(self.device), position_ids=positions[None].to(self.device),
-                         past_key_values=cache, use_cache=True, output_hidden_states=bool(taps), **kwargs)
+                         use_cache=True, output_hidden_states=bool(taps), **kwargs)
         tapped = torch.stack([out.hidden_states[l + 1][0] for l in taps], dim=1) if taps else None
         return Step(out.logits[0].float(), tapped)
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_argument(model_class) -> str:
+    """The forward argument that takes the KV cache: ``cache`` in recent transformers (which deprecate
+    ``past_key_values``), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def keep_path(cache: DynamicCache, past_len: int, path: list[int]) -> None:
