@@ -32,6 +32,8 @@ notebooks: $(STAMP)
 # 2. Decoded GSM8K (budgets 16/64) and MATH-500 (budget 16) in fp32, methods interleaved prompt by prompt:
 #    two 1-thread processes side by side (~25 + ~20 min).
 # 3. bf16 speed on GSM8K and MATH-500 with the hardware-aware budget beside every fixed candidate (1 thread, ~65 min).
+# 4. bf16 training-free baselines (AR, transformers generate, transformers prompt lookup, our lookup) on GSM8K and
+#    MATH-500: two 1-thread processes side by side, one per dataset (~25 min).
 BENCH := $(PY) -m jetflow bench --limit 20 --max-new-tokens 256
 RESULTS_BUDGETS ?= 16,64
 results: $(STAMP)
@@ -49,6 +51,11 @@ results: $(STAMP)
 	wait $$a && wait $$b
 	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets gsm8k,math500 --budgets 8,16,32,auto \
 	    --dtype bfloat16 --out data/results/cpu-speed-bf16
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,hf,hf-lookup,lookup --datasets gsm8k --budgets 16 \
+	    --dtype bfloat16 --out data/results/cpu-baselines-bf16-gsm8k & a=$$!; \
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,hf,hf-lookup,lookup --datasets math500 --budgets 16 \
+	    --dtype bfloat16 --out data/results/cpu-baselines-bf16-math500 & b=$$!; \
+	wait $$a && wait $$b
 
 clean:
 	rm -rf $(VENV)
