@@ -283,10 +283,10 @@ def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets
     if cost is None:
         sizes = sorted({1, *(b + 1 for b in budgets)})
         cost = bud.measure_verify_cost(target, sizes, past_len=min(256, target.max_context - sizes[-1]))
-    rows = []
+    rows, ar_table = [], [{"budget": None, "predicted_tokens_per_s": 1 / bud.interp_cost(cost, 1)}]
     for ds, prompts in prompts_by_dataset.items():
         sample = list(prompts)[:calib_prompts]
-        picked, tables = {}, {"ar": [{"budget": None, "predicted_tokens_per_s": 1 / bud.interp_cost(cost, 1)}]}
+        picked, tables = {}, {"ar": ar_table}
         for m in (m for m in dict.fromkeys(methods) if m not in BUDGET_FREE):
             cal = bud.calibrate(target, m, sample, budgets, max_new_tokens=calib_new_tokens,
                                 temperature=temperature, head=head_for(m, heads))

@@ -135,13 +135,13 @@ def add_replay(sub) -> None:
 def train_config(args):
     """TrainConfig from parsed ``train`` arguments: the preset, then ``--set``, then the named flags."""
     import dataclasses
-    from .train import TrainConfig, parse_set
+    from .train import BUILTIN_INITS, TrainConfig, parse_set
     flags = {"model": args.model, "causal": args.causal, "gamma": args.gamma, "loss": args.loss,
              "gamma_start": args.gamma_start, "curriculum": args.curriculum,
              "steps": args.steps, "lr": args.lr, "anchors_per_seq": args.anchors,
              "seqs_per_step": args.seqs_per_step, "eval_every": args.eval_every,
              "save_every": args.save_every, "seed": args.seed, "draft_vocab": args.draft_vocab,
-             "init": args.init if args.init in (None, "target", "random") else str(Path(args.init).resolve())}
+             "init": args.init if args.init in (None, *BUILTIN_INITS) else str(Path(args.init).resolve())}
     cfg = parse_set(TrainConfig.from_name(args.preset, data=args.data, out=args.out), args.set)
     return dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})
 

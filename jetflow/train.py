@@ -53,6 +53,9 @@ TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl.
             "of the argmax at every depth (budget N-1 draft nodes, root excluded)")
 
 
+BUILTIN_INITS = ("target", "random")  # any other ``init`` names a trained head's directory (warm start)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     data: str = ""                # regenerated JSONL (python -m jetflow regenerate)
@@ -92,7 +95,7 @@ class TrainConfig:
         problems += [f"draft_vocab must be >= 0, got {self.draft_vocab}"] if self.draft_vocab < 0 else []
         problems += [msg for bad, msg in [
             (self.loss not in ("kl", "ce"), f"loss must be kl or ce, got {self.loss!r}"),
-            (self.init not in ("target", "random") and not (Path(self.init) / "config.json").is_file(),
+            (self.init not in BUILTIN_INITS and not (Path(self.init) / "config.json").is_file(),
              f"init must be target, random or a head directory holding config.json, got {self.init!r}"),
             (self.dtype not in DTYPES, f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"),
             (self.block_size < 2 or self.max_len < 3, "block_size must be >= 2 and max_len >= 3"),
@@ -446,7 +449,7 @@ def warm_start(head: DraftHead, path: str) -> None:
 
 def lineage(cfg: TrainConfig) -> list[str]:
     """Commands that rebuild a warm-started head's ancestors, oldest first (from their provenance)."""
-    if cfg.init in ("target", "random"):
+    if cfg.init in BUILTIN_INITS:
         return []
     prov = Path(cfg.init) / "provenance.json"
     if not prov.is_file():
