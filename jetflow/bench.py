@@ -16,19 +16,25 @@ A proposer whose trees stop growing at ``max_drafts`` nodes (a ``dflash`` chain:
 matches x length) runs once for all budgets past that size; those rows share the runs (and say so in
 ``note``) instead of decoding identical trees again.
 
+Long benches resume: with ``journal=FILE`` (the CLI's ``--out DIR`` uses ``DIR/runs.jsonl``) every
+finished prompt is appended to FILE, and a rerun of the same command decodes only the prompts that are
+not there yet (``Journal``).
+
 ``run_auto`` picks each tree method's budget with ``budget.py`` first. ``PRESETS`` name whole setups
 (``cpu``, ``qwen3-8b``); ``resolve_preset`` -> ``prompt_sets`` -> ``run_settings`` is the CLI path.
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import platform
+import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import torch
@@ -49,34 +55,50 @@ ALL_METHODS = ("ar", *HF_METHODS, *(m for m in METHODS if m != "ar"))
 
 
 # ----------------------------------------------------------------------------- aggregation (pure)
-def tau(rounds: Sequence[Round]) -> float | None:
+@dataclass(frozen=True)
+class RoundStat:
+    """What the row statistics need of one round: a ``Round`` without its tree (small enough to journal)."""
+    committed: int   # tokens committed, bonus included
+    accepted: int    # draft tokens accepted
+    verified: int    # tree nodes the target verified, root included
+    deepest: int     # deepest drafted depth (0 for the root alone)
+    chances: int     # leading accepted nodes, root first, that had a drafted child
+
+    @classmethod
+    def of(cls, r: Round | RoundStat) -> RoundStat:
+        if isinstance(r, RoundStat):
+            return r
+        parents = set(r.tree.parents.tolist())
+        chances = next((i for i, node in enumerate(r.path) if node not in parents), len(r.path))
+        return cls(len(r.committed), r.accepted, len(r.tree), int(r.tree.depth.max()), chances)
+
+
+def tau(rounds: Sequence[Round | RoundStat]) -> float | None:
     """Mean tokens committed per round, bonus included; None without rounds (hf)."""
-    return sum(len(r.committed) for r in rounds) / len(rounds) if rounds else None
+    return sum(RoundStat.of(r).committed for r in rounds) / len(rounds) if rounds else None
 
 
-def tau_hist(rounds: Sequence[Round]) -> dict[int, int]:
+def tau_hist(rounds: Sequence[Round | RoundStat]) -> dict[int, int]:
     """Tokens committed in a round -> number of such rounds, ascending."""
-    return dict(sorted(Counter(len(r.committed) for r in rounds).items()))
+    return dict(sorted(Counter(RoundStat.of(r).committed for r in rounds).items()))
 
 
-def depth_accept(rounds: Sequence[Round]) -> list[float | None]:
+def depth_accept(rounds: Sequence[Round | RoundStat]) -> list[float | None]:
     """Entry d-1: of the rounds that accepted depth d-1 and drafted a child of that accepted node,
     the fraction that accepted depth d (None where no round had that chance)."""
-    deepest = max((int(r.tree.depth.max()) for r in rounds), default=0)
+    stats = [RoundStat.of(r) for r in rounds]
+    deepest = max((s.deepest for s in stats), default=0)
     tried, hit = [0] * deepest, [0] * deepest
-    for r in rounds:
-        parents = set(r.tree.parents.tolist())
-        for d, node in enumerate(r.path[:deepest], start=1):  # node sits at depth d-1
-            if node not in parents:
-                break
+    for s in stats:
+        for d in range(1, min(s.chances, deepest) + 1):
             tried[d - 1] += 1
-            hit[d - 1] += len(r.path) > d
+            hit[d - 1] += s.accepted >= d
     return [h / t if t else None for h, t in zip(hit, tried)]
 
 
-def verify_tokens(rounds: Sequence[Round]) -> float | None:
+def verify_tokens(rounds: Sequence[Round | RoundStat]) -> float | None:
     """Mean tokens the target verified per round (tree nodes including the root)."""
-    return sum(len(r.tree) for r in rounds) / len(rounds) if rounds else None
+    return sum(RoundStat.of(r).verified for r in rounds) / len(rounds) if rounds else None
 
 
 def throughput(tokens: int, seconds: float) -> float | None:
@@ -97,7 +119,16 @@ class Run:
     decode_tokens: int         # tokens produced inside the timed decode region
     decode_s: float
     prefill_s: float | None    # None where not separable (hf)
-    rounds: list[Round] = field(default_factory=list)  # empty for hf
+    rounds: list[RoundStat] = field(default_factory=list)  # empty for hf
+
+    def to_json(self) -> dict:
+        return {"tokens": self.tokens, "decode_tokens": self.decode_tokens, "decode_s": self.decode_s,
+                "prefill_s": self.prefill_s, "rounds": [astuple(r) for r in self.rounds]}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Run:
+        return cls(list(d["tokens"]), d["decode_tokens"], d["decode_s"], d["prefill_s"],
+                   [RoundStat(*r) for r in d["rounds"]])
 
 
 def summarize(runs: Sequence[Run], ar_runs: Sequence[Run]) -> dict:
@@ -211,7 +242,8 @@ def run_config(target: Target, cfg: Config, ids: torch.Tensor, max_new_tokens: i
         return hf_generate(target, ids, max_new_tokens, temperature, seed, **HF_METHODS[cfg.method])
     res = generate(target, ids, cfg.proposer, budget=cfg.budget or 1, max_new_tokens=max_new_tokens,
                    temperature=temperature, seed=seed)
-    return Run(res.tokens, sum(len(r.committed) for r in res.rounds), res.decode_s, res.prefill_s, res.rounds)
+    return Run(res.tokens, sum(len(r.committed) for r in res.rounds), res.decode_s, res.prefill_s,
+               [RoundStat.of(r) for r in res.rounds])
 
 
 def _encode_all(target: Target, prompts_by_dataset, room: int) -> dict[str, list[torch.Tensor]]:
@@ -228,36 +260,129 @@ def _encode_all(target: Target, prompts_by_dataset, room: int) -> dict[str, list
     return out
 
 
+# ----------------------------------------------------------------------------- resume
+def head_fingerprint(proposer) -> str | None:
+    """sha256 (first 16 hex digits) of a head proposer's weights; None for proposers without a head."""
+    head = getattr(proposer, "head", None)
+    if head is None:
+        return None
+    digest = hashlib.sha256()
+    for name, tensor in sorted(head.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class Journal:
+    """The measured runs of a bench, appended prompt by prompt to a JSON-lines file, so that rerunning an
+    interrupted bench resumes instead of starting over.
+
+    Line 1 holds the settings that must not change between the parts of one run (new tokens, temperature,
+    dtype, device, model); each further line one run: dataset, prompt index and id, configuration
+    (``method@budget``), head fingerprint and the run. A prompt's runs are written together once all its
+    configurations are done, so a prompt is either skipped whole or decoded again whole: AR and the
+    other methods of one prompt always come from the same stretch of time. Adding methods or budgets
+    later reruns every prompt that lacks one of them."""
+
+    def __init__(self, path: str | os.PathLike, settings: Mapping):
+        self.path, self.settings = Path(path), dict(settings)
+        self.runs: dict[tuple[str, int], dict[str, dict]] = {}
+        if not self.path.exists():
+            return
+        lines = self.path.read_text().splitlines()
+        try:
+            header = json.loads(lines[0])["settings"] if lines else self.settings
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{self.path} is not a bench journal; move it away or choose another --out") from None
+        changed = {k: (header.get(k), v) for k, v in self.settings.items() if header.get(k) != v}
+        if changed:
+            diff = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+            raise ValueError(f"{self.path} was measured with other settings ({diff}); delete it to start over "
+                             f"or choose another --out")
+        for n, line in enumerate(lines[1:], start=2):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                if n == len(lines):  # a write cut short by an interruption: that prompt runs again
+                    break
+                raise ValueError(f"{self.path}, line {n}: not JSON") from None
+            self.runs.setdefault((entry["dataset"], entry["index"]), {})[entry["config"]] = entry
+
+    def done(self, dataset: str, index: int, prompt_id, needed: Mapping[str, str | None]) -> dict[str, Run] | None:
+        """The journaled runs of one prompt, keyed by configuration, if ``needed`` (configuration -> head
+        fingerprint) are all there; None if the prompt must be decoded (again)."""
+        have = self.runs.get((dataset, index), {})
+        if any(e["id"] != prompt_id for e in have.values()):
+            raise ValueError(f"{self.path}: prompt {index} of {dataset!r} was {next(iter(have.values()))['id']!r}, "
+                             f"now {prompt_id!r}; the prompts changed, so delete the journal or choose another --out")
+        stale = [c for c, fp in needed.items() if c in have and have[c]["head"] != fp]
+        if stale:
+            raise ValueError(f"{self.path}: {', '.join(stale)} on {dataset!r} was measured with another head; "
+                             f"delete the journal to measure the new head, or choose another --out")
+        if not all(c in have for c in needed):
+            return None
+        return {c: Run.from_json(have[c]["run"]) for c in needed}
+
+    def record(self, dataset: str, index: int, prompt_id, runs: Mapping[str, tuple[str | None, Run]]) -> None:
+        """Append one prompt's runs (configuration -> (head fingerprint, run)) and flush them to disk."""
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"settings": self.settings})] if new else []
+        for config, (fp, run_) in runs.items():
+            entry = {"dataset": dataset, "index": index, "id": prompt_id, "config": config, "head": fp,
+                     "run": run_.to_json()}
+            lines.append(json.dumps(entry))
+            self.runs.setdefault((dataset, index), {})[config] = entry
+        with open(self.path, "a") as f:
+            f.write("\n".join(lines) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str, Sequence[dict]], budgets, *,
         max_new_tokens: int = 256, heads: Mapping[str, str] | None = None, temperature: float = 0.0,
-        progress: bool = True, warmup: bool = True) -> list[dict]:
+        progress: bool = True, warmup: bool = True, journal: str | os.PathLike | None = None) -> list[dict]:
     """Benchmark rows, one per configuration x dataset (see the module docstring).
 
     ``prompts_by_dataset``: dataset -> [{"id", "prompt"}, ...]; ``budgets``: list of ints or
     method -> list; ``heads``: head kind (jetflow, dflash) -> directory or hub id; ``warmup`` decodes
-    a few untimed tokens of the first prompt with every configuration first.
+    a few untimed tokens of the first prompt with every configuration first; ``journal``: a JSON-lines
+    file that records every finished prompt and lets a rerun resume (see ``Journal``).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     cfgs = configs(target, methods, budgets, heads)
     encoded = _encode_all(target, prompts_by_dataset, max_new_tokens + max(c.budget or 1 for c in cfgs) + 1)
-    if warmup:
+    ids_of = {ds: [p.get("id", i) for i, p in enumerate(ps)] for ds, ps in prompts_by_dataset.items()}
+    todo = {k: cfg for k, cfg in enumerate(cfgs) if cfg.same_as is None}
+    names = {k: cfg.method if cfg.budget is None else f"{cfg.method}@{cfg.budget}" for k, cfg in todo.items()}
+    prints = {k: head_fingerprint(cfg.proposer) for k, cfg in todo.items()}
+    book = None if journal is None else Journal(journal, {
+        "model": target.name, "dtype": str(target.dtype).removeprefix("torch."), "device": target.device.type,
+        "max_new_tokens": max_new_tokens, "temperature": temperature})
+    needed = {names[k]: prints[k] for k in todo}
+    resumed = {(ds, i): got for ds in encoded for i in range(len(encoded[ds]))
+               if book and (got := book.done(ds, i, ids_of[ds][i], needed)) is not None}
+    if warmup and len(resumed) < sum(map(len, encoded.values())):
         first = next(iter(encoded.values()))[0]
-        for cfg in cfgs:
-            if cfg.same_as is None:
-                run_config(target, cfg, first, min(4, max_new_tokens), temperature, 0)
+        for cfg in todo.values():
+            run_config(target, cfg, first, min(4, max_new_tokens), temperature, 0)
     runs: dict[tuple[str, int], list[Run]] = {(ds, k): [] for ds in encoded for k in range(len(cfgs))}
-    distinct = sum(c.same_as is None for c in cfgs)
-    bar = tqdm(total=sum(map(len, encoded.values())) * distinct, disable=not progress, unit="gen")
+    bar = tqdm(total=sum(map(len, encoded.values())) * len(todo), disable=not progress, unit="gen")
+    if resumed:
+        tqdm.write(f"resuming from {journal}: {len(resumed)} prompt(s) already measured", file=sys.stderr)
     for ds, prompts in encoded.items():
         for i, ids in enumerate(prompts):
-            for k, cfg in enumerate(cfgs):
-                if cfg.same_as is not None:
-                    continue
-                bar.set_description(f"{cfg.method}{'' if cfg.budget is None else f'@{cfg.budget}'} "
-                                    f"{ds} prompt {i + 1}/{len(prompts)}")
-                runs[ds, k].append(run_config(target, cfg, ids, max_new_tokens, temperature, i))
+            done = resumed.get((ds, i))
+            for k, cfg in todo.items():
+                if done is None:
+                    bar.set_description(f"{names[k]} {ds} prompt {i + 1}/{len(prompts)}")
+                    runs[ds, k].append(run_config(target, cfg, ids, max_new_tokens, temperature, i))
+                else:
+                    runs[ds, k].append(done[names[k]])
                 bar.update()
+            if book and done is None:
+                book.record(ds, i, ids_of[ds][i], {names[k]: (prints[k], runs[ds, k][-1]) for k in todo})
     bar.close()
     env = environment(target)
     return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
@@ -397,10 +522,11 @@ def prompt_sets(cfg: Mapping) -> dict[str, list[dict]]:
     return {d: data.load_prompts(d, limit=cfg["limit"], data_dir=cfg["data_dir"]) for d in cfg["datasets"]}
 
 
-def run_settings(target: Target, cfg: Mapping, prompts_by_dataset, *, progress: bool = True) -> list[dict]:
+def run_settings(target: Target, cfg: Mapping, prompts_by_dataset, *, progress: bool = True,
+                 journal: str | os.PathLike | None = None) -> list[dict]:
     """``run`` (or ``run_auto`` when ``cfg["auto"]``) with resolved settings."""
     kwargs = dict(max_new_tokens=cfg["max_new_tokens"], heads=cfg["heads"], temperature=cfg["temperature"],
-                  progress=progress)
+                  progress=progress, journal=journal)
     if cfg["auto"]:
         return run_auto(target, cfg["methods"], prompts_by_dataset, cfg["budgets"], compare=cfg["auto"] == "compare",
                         **kwargs)

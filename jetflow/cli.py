@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|report``.
 
 Bad input ends with one ``error: ...`` line on stderr and exit status 2, never a traceback.
 """

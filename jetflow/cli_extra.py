@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def regenerate_command(args, out: Path) -> str:
     """The ``python -m jetflow regenerate`` line that (re)makes ``out`` with these settings."""
@@ -56,7 +58,8 @@ def cmd_bench(args) -> int:
     prompts = bench.prompt_sets(cfg)
     target = load_target(cfg["model"], dtype=cfg["dtype"], device=cfg["device"],
                          chat_kwargs=cfg.get("chat_template_kwargs"))
-    rows = bench.run_settings(target, cfg, prompts, progress=not args.json)
+    journal = Path(args.out) / "runs.jsonl" if args.out else None
+    rows = bench.run_settings(target, cfg, prompts, progress=not args.json, journal=journal)
     return _emit(rows, args, bench)
 
 
@@ -87,7 +90,8 @@ def add_bench(sub) -> None:
     b.add_argument("--jetflow-head", default=None)
     b.add_argument("--dflash-head", default=None)
     b.add_argument("--data-dir", default=None)
-    b.add_argument("--out", default=None, help="write rows.json and table.md here")
+    b.add_argument("--out", default=None, help="write rows.json and table.md here; every finished prompt goes to "
+                        "runs.jsonl there, so rerunning the same command resumes (delete it to measure afresh)")
     b.add_argument("--json", action="store_true", help="one JSON row per line")
     b.set_defaults(func=cmd_bench)
 
@@ -187,4 +191,30 @@ def add_train(sub) -> None:
     t.set_defaults(func=cmd_train)
 
 
-REGISTER = [add_regenerate, add_train, add_bench, add_replay]
+def cmd_report(args) -> int:
+    from . import report
+    if args.write:
+        changed = report.update(args.readme, args.results)
+        print(f"rewrote {len(changed)} table(s) in {args.readme}: {', '.join(changed) or 'none changed'}")
+        return 0
+    if args.check:
+        stale = report.check(args.readme, args.results)
+        print(f"stale or missing README tables: {', '.join(stale)} (python -m jetflow report --write)"
+              if stale else f"every README table matches {args.results}")
+        return 1 if stale else 0
+    for name, render in report.TABLES.items():
+        print(f"<!-- table:{name} -->\n{render(Path(args.results))}\n<!-- /table:{name} -->\n")
+    return 0
+
+
+def add_report(sub) -> None:
+    r = sub.add_parser("report", help="the README's result tables, rendered from data/results/*/rows.json")
+    r.add_argument("--results", default=str(ROOT / "data" / "results"))
+    r.add_argument("--readme", default=str(ROOT / "README.md"))
+    mode = r.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 if a README table differs from the rows")
+    mode.add_argument("--write", action="store_true", help="rewrite the README tables from the rows")
+    r.set_defaults(func=cmd_report)
+
+
+REGISTER = [add_regenerate, add_train, add_bench, add_replay, add_report]

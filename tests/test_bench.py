@@ -135,6 +135,106 @@ def test_run_interleaves_prompt_by_prompt_ar_first(target, monkeypatch):
     assert calls == warm + [(m, b, p, 5) for p in prompts for m, b in order]
 
 
+def test_round_stats_keep_what_the_rows_need():
+    stats = [bench.RoundStat.of(r) for r in HAND_ROUNDS]
+    assert stats[0] == bench.RoundStat(committed=3, accepted=2, verified=4, deepest=3, chances=3)
+    assert stats[2].chances == 1 and stats[3] == bench.RoundStat(1, 0, 1, 0, 0)
+    assert bench.tau(stats) == bench.tau(HAND_ROUNDS) and bench.tau_hist(stats) == bench.tau_hist(HAND_ROUNDS)
+    assert bench.depth_accept(stats) == bench.depth_accept(HAND_ROUNDS)
+    assert bench.verify_tokens(stats) == bench.verify_tokens(HAND_ROUNDS)
+    run = bench.Run([1, 2], 2, 0.5, 0.1, stats)
+    assert bench.Run.from_json(json.loads(json.dumps(run.to_json()))) == run
+
+
+REAL_RUN_CONFIG = bench.run_config
+
+
+class Killed(Exception):
+    """Stands for the kill that interrupts a long bench."""
+
+
+def counting(monkeypatch, fail_after=None):
+    """Count run_config calls (the timed decodes); raise ``Killed`` at call ``fail_after``."""
+    calls, real = [], REAL_RUN_CONFIG
+
+    def wrapped(*args):
+        if fail_after is not None and len(calls) == fail_after:
+            raise Killed
+        calls.append(args[1].method)
+        return real(*args)
+
+    monkeypatch.setattr(bench, "run_config", wrapped)
+    return calls
+
+
+def strip_timing(rows):
+    return [{k: v for k, v in r.items() if k != "hardware"} for r in rows]
+
+
+def test_journal_resumes_an_interrupted_run(target, tmp_path, monkeypatch):
+    book = tmp_path / "runs.jsonl"
+    args = (target, ["ar", "lookup"], PROMPTS, [2, 4])
+    kw = dict(max_new_tokens=6, progress=False, warmup=False, journal=book)
+    # 3 configurations per prompt: stop in the middle of the second prompt (call 5 of 9)
+    counting(monkeypatch, fail_after=4)
+    with pytest.raises(Killed):
+        bench.run(*args, **kw)
+    lines = book.read_text().splitlines()
+    assert json.loads(lines[0])["settings"]["max_new_tokens"] == 6
+    assert [(e["dataset"], e["index"], e["config"]) for e in map(json.loads, lines[1:])] == [
+        ("math", 0, "ar"), ("math", 0, "lookup@2"), ("math", 0, "lookup@4")]  # prompt 2 not half-written
+    calls = counting(monkeypatch)
+    rows = bench.run(*args, **kw)
+    assert len(calls) == 6  # prompt 2 of math again, whole, and the chat prompt
+    assert all(r["n_prompts"] == len(PROMPTS[r["dataset"]]) and r["identical_to_ar"] == r["n_prompts"]
+               for r in rows)
+    calls.clear()
+    again = bench.run(*args, **kw)  # everything journaled: no decoding at all, the same rows
+    assert calls == [] and strip_timing(again) == strip_timing(rows)
+    # a new budget needs every prompt again (AR beside it, in the same stretch of time)
+    bench.run(target, ["ar", "lookup"], PROMPTS, [2, 4, 3], **kw)
+    assert len(calls) == 4 * 3
+
+
+def test_journal_refuses_other_settings_and_tolerates_a_cut_last_line(target, tmp_path, monkeypatch):
+    book = tmp_path / "runs.jsonl"
+    kw = dict(progress=False, warmup=False, journal=book)
+    bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=4, **kw)
+    with pytest.raises(ValueError, match=r"other settings \(max_new_tokens: 4 -> 5\)"):
+        bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=5, **kw)
+    with pytest.raises(ValueError, match="the prompts changed"):
+        bench.run(target, ["ar"], {"math": PROMPTS["chat"]}, [2], max_new_tokens=4, **kw)
+    book.write_text(book.read_text()[:-20])  # the last record cut short, as by a kill mid-write
+    calls = counting(monkeypatch)
+    rows = bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=4, **kw)
+    assert calls == ["ar"] and rows[-1]["n_prompts"] == 1
+    (tmp_path / "other.jsonl").write_text("not a journal\n")
+    with pytest.raises(ValueError, match="not a bench journal"):
+        bench.Journal(tmp_path / "other.jsonl", {})
+
+
+def test_journal_refuses_runs_of_another_head(tmp_path):
+    book = bench.Journal(tmp_path / "runs.jsonl", {"model": "m"})
+    book.record("gsm8k", 0, "p0", {"ar": (None, bench.Run([1], 1, 0.1, 0.0)),
+                                   "jetflow@16": ("aaaa", bench.Run([1], 1, 0.1, 0.0))})
+    reread = bench.Journal(tmp_path / "runs.jsonl", {"model": "m"})
+    assert reread.done("gsm8k", 0, "p0", {"ar": None, "jetflow@16": "aaaa"})["ar"].tokens == [1]
+    assert reread.done("gsm8k", 1, "p1", {"ar": None}) is None
+    with pytest.raises(ValueError, match="jetflow@16 on 'gsm8k' was measured with another head"):
+        reread.done("gsm8k", 0, "p0", {"ar": None, "jetflow@16": "bbbb"})
+
+
+def test_head_fingerprint_follows_the_weights():
+    from jetflow.head import DraftHead, HeadConfig
+    head = DraftHead(HeadConfig.for_target(tiny_target().config, num_layers=1, causal=True, block_size=4))
+    proposer = type("P", (), {"head": head})()
+    before = bench.head_fingerprint(proposer)
+    assert before == bench.head_fingerprint(proposer) and bench.head_fingerprint(object()) is None
+    with torch.no_grad():
+        next(head.parameters()).add_(1.0)
+    assert bench.head_fingerprint(proposer) != before
+
+
 def test_one_token_leaves_nothing_to_time(target):
     rows = bench.run(target, ["ar", "lookup"], PROMPTS, [2], max_new_tokens=1, progress=False, warmup=False)
     assert all(r["tokens_per_s"] is None and r["speedup"] is None and r["tau"] is None for r in rows)

@@ -101,3 +101,18 @@ def test_cli_replay_equals_decoding(smol, capsys, tmp_path):
     code, out, err = run_cli(capsys, "replay", "--prompts-file", str(prompts), "--methods", "lookup",
                              "--cache", str(tmp_path))
     assert code == 2 and "head methods" in err
+
+
+def test_cli_bench_out_resumes(smol, capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "clips", "prompt": PROMPTS[1]}) + "\n")
+    argv = ("bench", "--prompts-file", str(prompts), "--methods", "lookup", "--budgets", "4",
+            "--max-new-tokens", "8", "--out", str(tmp_path / "res"), "--json")
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0 and "resuming" not in err and (tmp_path / "res" / "runs.jsonl").exists()
+    first = [json.loads(line) for line in out.splitlines()]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0 and "1 prompt(s) already measured" in err
+    again = [json.loads(line) for line in out.splitlines()]
+    assert [r["decode_s"] for r in again] == [r["decode_s"] for r in first]  # read back, not decoded again
+    assert again[1]["identical_to_ar"] == 1 and json.loads((tmp_path / "res" / "rows.json").read_text()) == again
