@@ -1,0 +1,180 @@
+"""The README's result tables, rendered from the committed rows in ``data/results/``.
+
+Each table sits in the README between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``. ``check``
+compares those blocks with what the committed ``rows.json`` files give today (a test runs it, so a
+README number cannot drift from its measurement); ``update`` rewrites them after ``make results``:
+
+    python -m jetflow report --check     # exit 1 and name every stale table
+    python -m jetflow report --write     # rewrite the tables in README.md
+
+Cells: **tau / speedup (outputs identical to AR / prompts)**; tau alone for replayed rows.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATASET_NAMES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mt_bench": "MT-Bench",
+                 "mbpp": "MBPP", "spec_bench": "Spec-Bench"}
+METHOD_ORDER = ("ar", "hf", "hf-lookup", "lookup", "dflash", "ddtree", "jetflow", "jetflow-bp")
+
+
+def load(results: Path, *names: str) -> list[dict]:
+    """The rows of the named result folders, concatenated; a missing folder is an error."""
+    rows = []
+    for name in names:
+        path = Path(results) / name / "rows.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: `make results` writes it")
+        rows += json.loads(path.read_text())
+    return rows
+
+
+def cell(row: Mapping | None, *, ident: bool = True) -> str:
+    """``tau / speedup (identical/n)``; '-' for what a row lacks (hf has no tau)."""
+    if row is None:
+        return "-"
+    tau = "-" if row.get("tau") is None else f"{row['tau']:.2f}"
+    if "speedup" not in row:  # replayed: tau only
+        return tau
+    speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+    return f"{tau} / {speed}" + (f" ({row['identical_to_ar']}/{row['n_prompts']})" if ident else "")
+
+
+def _md(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
+
+
+def _find(rows, method, dataset, budget=None):
+    hits = [r for r in rows if r["method"] == method and r["dataset"] == dataset
+            and (budget is None or r["budget"] in (budget, None))]
+    return hits[0] if hits else None
+
+
+def _methods(rows) -> list[str]:
+    present = {r["method"] for r in rows}
+    return [m for m in METHOD_ORDER if m in present] + sorted(present - set(METHOD_ORDER))
+
+
+def _ar_rates(rows, dataset) -> str:
+    rates = [f"{r['tokens_per_s']:.1f}" for r in rows if r["method"] == "ar" and r["dataset"] == dataset]
+    return " / ".join(rates)
+
+
+# ----------------------------------------------------------------------------- tables
+def replay_tau(results: Path) -> str:
+    """tau against budget for every head method (JetFlow at width 7) on every replayed dataset."""
+    rows = [r for r in load(results, "cpu-replay-tau") if r.get("width") in (None, 7)]
+    budgets = sorted({r["budget"] for r in rows})
+    label = {"jetflow": "jetflow (W=7)"}
+    body = []
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        for m in ("jetflow", "ddtree", "dflash", "jetflow-bp"):
+            got = {r["budget"]: r for r in rows if r["method"] == m and r["dataset"] == ds}
+            if got:
+                body.append([DATASET_NAMES.get(ds, ds), label.get(m, m), *(cell(got.get(b)) for b in budgets)])
+    return _md(["dataset", "method", *(f"B={b}" for b in budgets)], body)
+
+
+def decoded(results: Path, names: Sequence[str], dataset: str) -> str:
+    """Decoded tau / speedup per method and budget from side-by-side runs (each with its own AR)."""
+    runs = [load(results, n) for n in names]
+    rows = [r for run in runs for r in run if r["dataset"] == dataset]
+    budgets = sorted({r["budget"] for r in rows if r["budget"] is not None})
+    body = []
+    for m in _methods(rows):
+        if m == "ar":
+            continue
+        name = m + (" (chain: 15 drafts at most)" if m == "dflash" else "")
+        body.append([name, *(cell(_find(rows, m, dataset, b)) for b in budgets)])
+    ar = " and ".join(f"{_ar_rates(run, dataset)} tokens/s in `{n}`" for n, run in zip(names, runs))
+    return _md(["method", *(f"budget {b}" for b in budgets)], body) + f"\n\nAR: {ar}."
+
+
+def speed_auto(results: Path, names: Sequence[str]) -> str:
+    """bf16 speed at fixed budgets with the ``--budgets ...,auto`` pick marked and its prediction."""
+    from .bench import predicted_speedups
+    rows = load(results, *names)
+    for row, ratio in zip(rows, predicted_speedups(rows)):
+        row["predicted_speedup"] = ratio
+    budgets = sorted({r["budget"] for r in rows if r["budget"] is not None})
+    body = []
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        for m in _methods(rows):
+            got = {r["budget"]: r for r in rows if r["method"] == m and r["dataset"] == ds and r["budget"]}
+            if not got:
+                continue
+            best = max(got.values(), key=lambda r: r["speedup"] or 0)
+            cells = []
+            for b in budgets:
+                r = got.get(b)
+                text = cell(r)
+                if r is best:
+                    text = text.replace(f"{r['speedup']:.2f}x", f"**{r['speedup']:.2f}x**")
+                cells.append(text + (" (auto)" if r and r.get("auto_budget") else ""))
+            pick = next((r for r in got.values() if r.get("auto_budget")), None)
+            pred = "-" if pick is None or pick.get("predicted_speedup") is None else f"{pick['predicted_speedup']:.2f}x"
+            body.append([DATASET_NAMES.get(ds, ds), m, *cells, pred])
+    ar = ", ".join(f"{_ar_rates(rows, ds)} on {DATASET_NAMES.get(ds, ds)}"
+                   for ds in dict.fromkeys(r["dataset"] for r in rows))
+    head = ["dataset", "method", *(f"budget {b}" for b in budgets), "auto: predicted speedup"]
+    return _md(head, body) + f"\n\nAR tokens/s: {ar}."
+
+
+def by_dataset(results: Path, names: Sequence[str]) -> str:
+    """One column per dataset, one row per method (budget-free methods and single-budget runs)."""
+    rows = load(results, *names)
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    body = []
+    for m in _methods(rows):
+        sub = [r for r in rows if r["method"] == m]
+        budget = next((r["budget"] for r in sub if r["budget"] is not None), None)
+        body.append([m + ("" if budget is None else f" (budget {budget})"),
+                     *(cell(_find(rows, m, ds)) for ds in datasets)])
+    ar = ", ".join(f"{_ar_rates(rows, ds)} on {DATASET_NAMES.get(ds, ds)}" for ds in datasets)
+    return _md(["method", *(DATASET_NAMES.get(d, d) for d in datasets)], body) + f"\n\nAR tokens/s: {ar}."
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "replay-tau": replay_tau,
+    "gsm8k-fp32": lambda res: decoded(res, ["cpu-gsm8k-fp32-causal", "cpu-gsm8k-fp32-bidir"], "gsm8k"),
+    "math500-fp32": lambda res: decoded(res, ["cpu-math500-fp32-causal", "cpu-math500-fp32-bidir"], "math500"),
+    "speed-bf16": lambda res: speed_auto(res, ["cpu-speed-bf16-gsm8k", "cpu-speed-bf16-math500"]),
+    "baselines-bf16": lambda res: by_dataset(res, ["cpu-baselines-bf16-gsm8k", "cpu-baselines-bf16-math500"]),
+}
+
+
+# ----------------------------------------------------------------------------- README blocks
+def _block(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- table:{re.escape(name)} -->\n)(.*?)(\n<!-- /table:{re.escape(name)} -->)", re.S)
+
+
+def check(readme: str | Path = ROOT / "README.md", results: str | Path = ROOT / "data" / "results") -> list[str]:
+    """Names of the README tables that are missing or differ from the committed rows (empty: all agree)."""
+    text, stale = Path(readme).read_text(), []
+    for name, render in TABLES.items():
+        found = _block(name).search(text)
+        if found is None or found.group(2) != render(Path(results)):
+            stale.append(name)
+    return stale
+
+
+def update(readme: str | Path = ROOT / "README.md", results: str | Path = ROOT / "data" / "results") -> list[str]:
+    """Rewrite every README table from the committed rows; returns the names that changed. A table whose
+    markers are missing is an error (place the markers where the table belongs first)."""
+    path = Path(readme)
+    text, changed = path.read_text(), []
+    for name, render in TABLES.items():
+        pattern = _block(name)
+        if pattern.search(text) is None:
+            raise ValueError(f"{path} has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
+        new = pattern.sub(lambda m, body=render(Path(results)): m.group(1) + body + m.group(3), text)
+        if new != text:
+            changed.append(name)
+        text = new
+    path.write_text(text)
+    return changed
