@@ -31,9 +31,13 @@ notebooks: $(STAMP)
 #    ~/.cache/jetflow/replay, resumable), then every head method x budget x width replayed (~40 min, 1 core).
 # 2. Decoded GSM8K (budgets 16/64) and MATH-500 (budget 16) in fp32, methods interleaved prompt by prompt:
 #    two 1-thread processes side by side (~25 + ~20 min).
-# 3. bf16 speed on GSM8K and MATH-500 with the hardware-aware budget beside every fixed candidate (1 thread, ~65 min).
+# 3. bf16 speed on GSM8K and MATH-500 with the hardware-aware budget beside every fixed candidate: two 1-thread
+#    processes side by side, one per dataset (~35 min).
 # 4. bf16 training-free baselines (AR, transformers generate, transformers prompt lookup, our lookup) on GSM8K and
 #    MATH-500: two 1-thread processes side by side, one per dataset (~25 min).
+# 5. The README's tables, rewritten from the rows (`python -m jetflow report --write`).
+# Every bench keeps a journal (DIR/runs.jsonl, not committed): rerunning after an interruption resumes where it
+# stopped; delete the journals to measure afresh.
 BENCH := $(PY) -m jetflow bench --limit 20 --max-new-tokens 256
 RESULTS_BUDGETS ?= 16,64
 results: $(STAMP)
@@ -49,12 +53,30 @@ results: $(STAMP)
 	OMP_NUM_THREADS=1 $(BENCH) --methods ar,ddtree,dflash --datasets math500 --budgets 16 \
 	    --dtype float32 --out data/results/cpu-math500-fp32-bidir & b=$$!; \
 	wait $$a && wait $$b
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets gsm8k,math500 --budgets 8,16,32,auto \
-	    --dtype bfloat16 --out data/results/cpu-speed-bf16
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets gsm8k --budgets 8,16,32,auto \
+	    --dtype bfloat16 --out data/results/cpu-speed-bf16-gsm8k & a=$$!; \
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets math500 --budgets 8,16,32,auto \
+	    --dtype bfloat16 --out data/results/cpu-speed-bf16-math500 & b=$$!; \
+	wait $$a && wait $$b
 	OMP_NUM_THREADS=1 $(BENCH) --methods ar,hf,hf-lookup,lookup --datasets gsm8k --budgets 16 \
 	    --dtype bfloat16 --out data/results/cpu-baselines-bf16-gsm8k & a=$$!; \
 	OMP_NUM_THREADS=1 $(BENCH) --methods ar,hf,hf-lookup,lookup --datasets math500 --budgets 16 \
 	    --dtype bfloat16 --out data/results/cpu-baselines-bf16-math500 & b=$$!; \
+	wait $$a && wait $$b
+	$(PY) -m jetflow report --write
+
+# The full grid: every method at budgets 16-255 on GSM8K, MATH-500, HumanEval and MT-Bench, bf16, first 20 prompts,
+# 256 new tokens; two 1-thread processes at a time (~2 h per dataset and core: a 256-node verify costs ~8 AR steps).
+# Resumable: each bench journals finished prompts, so rerunning `make table` continues where it stopped.
+TABLE_METHODS ?= ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow
+TABLE := $(BENCH) --methods $(TABLE_METHODS) --budgets 16,32,64,128,255 --dtype bfloat16
+.PHONY: table
+table: $(STAMP)
+	OMP_NUM_THREADS=1 $(TABLE) --datasets gsm8k --out data/results/cpu-table-bf16-gsm8k & a=$$!; \
+	OMP_NUM_THREADS=1 $(TABLE) --datasets math500 --out data/results/cpu-table-bf16-math500 & b=$$!; \
+	wait $$a && wait $$b
+	OMP_NUM_THREADS=1 $(TABLE) --datasets humaneval --out data/results/cpu-table-bf16-humaneval & a=$$!; \
+	OMP_NUM_THREADS=1 $(TABLE) --datasets mt_bench --out data/results/cpu-table-bf16-mt_bench & b=$$!; \
 	wait $$a && wait $$b
 
 clean:
@@ -67,18 +89,24 @@ screenshots: $(STAMP)
 	$(PY) -m pip install -q playwright
 	$(PY) notebooks/screenshots.py --out data/results
 
-# Retrain both shipped heads from scratch: regenerate the training answers, then train the JetFlow and
-# the DFlash head side by side (one thread each). ~25 + ~80 minutes on 2 CPU cores; outputs stay in
-# HEADS_WORK (outside the repository) until copied to data/heads/smollm2-135m-{jetflow,dflash}.
+# Retrain both shipped heads from scratch: regenerate the training answers, train the JetFlow and the DFlash head
+# side by side (one thread each, 2,200 steps), then continue both for 2,000 more steps on the same data (warm start,
+# half the peak lr, final gamma, seed 1). ~25 + ~80 + ~80 minutes on 2 CPU cores; outputs stay in HEADS_WORK
+# (outside the repository) until jetflow-more and dflash-more are copied to data/heads/smollm2-135m-{jetflow,dflash}.
 HEADS_WORK ?= $(HOME)/.cache/jetflow/heads
-HEAD_ARGS  ?= --preset cpu --loss ce --seqs-per-step 2 --anchors 64 --draft-vocab 8192 --steps 2200 --gamma-start 0.5
+HEAD_ARGS  ?= --preset cpu --loss ce --seqs-per-step 2 --anchors 64 --draft-vocab 8192
 .PHONY: heads
 heads: $(STAMP)
 	mkdir -p $(HEADS_WORK)
 	OMP_NUM_THREADS=2 $(PY) -m jetflow regenerate --n 3030 --out $(HEADS_WORK)/regen-3030.jsonl \
 	    --batch-size 16 --max-new-tokens 128 --max-prompt-tokens 256 --seed 0
 	OMP_NUM_THREADS=1 $(PY) -m jetflow train --data $(HEADS_WORK)/regen-3030.jsonl --out $(HEADS_WORK)/jetflow \
-	    --gamma 4 $(HEAD_ARGS) & a=$$!; \
+	    --gamma 4 --gamma-start 0.5 --steps 2200 $(HEAD_ARGS) & a=$$!; \
 	OMP_NUM_THREADS=1 $(PY) -m jetflow train --data $(HEADS_WORK)/regen-3030.jsonl --out $(HEADS_WORK)/dflash \
-	    --bidirectional --gamma 7 $(HEAD_ARGS) & b=$$!; \
+	    --bidirectional --gamma 7 --gamma-start 0.5 --steps 2200 $(HEAD_ARGS) & b=$$!; \
+	wait $$a && wait $$b
+	OMP_NUM_THREADS=1 $(PY) -m jetflow train --data $(HEADS_WORK)/regen-3030.jsonl --out $(HEADS_WORK)/jetflow-more \
+	    --init $(HEADS_WORK)/jetflow --gamma 4 --steps 2000 --lr 5e-4 --seed 1 $(HEAD_ARGS) & a=$$!; \
+	OMP_NUM_THREADS=1 $(PY) -m jetflow train --data $(HEADS_WORK)/regen-3030.jsonl --out $(HEADS_WORK)/dflash-more \
+	    --init $(HEADS_WORK)/dflash --bidirectional --gamma 7 --steps 2000 --lr 5e-4 --seed 1 $(HEAD_ARGS) & b=$$!; \
 	wait $$a && wait $$b

@@ -150,7 +150,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
 
 # ----------------------------------------------------------------------------- README blocks
 def _block(name: str) -> re.Pattern:
-    return re.compile(rf"(<!-- table:{re.escape(name)} -->\n)(.*?)(\n<!-- /table:{re.escape(name)} -->)", re.S)
+    """Opening marker line, the table (group 1, every line ending in a newline), closing marker."""
+    return re.compile(rf"<!-- table:{re.escape(name)} -->\n((?:.*?\n)?)<!-- /table:{re.escape(name)} -->", re.S)
 
 
 def check(readme: str | Path = ROOT / "README.md", results: str | Path = ROOT / "data" / "results") -> list[str]:
@@ -158,7 +159,7 @@ def check(readme: str | Path = ROOT / "README.md", results: str | Path = ROOT / 
     text, stale = Path(readme).read_text(), []
     for name, render in TABLES.items():
         found = _block(name).search(text)
-        if found is None or found.group(2) != render(Path(results)):
+        if found is None or found.group(1) != render(Path(results)) + "\n":
             stale.append(name)
     return stale
 
@@ -172,7 +173,8 @@ def update(readme: str | Path = ROOT / "README.md", results: str | Path = ROOT /
         pattern = _block(name)
         if pattern.search(text) is None:
             raise ValueError(f"{path} has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
-        new = pattern.sub(lambda m, body=render(Path(results)): m.group(1) + body + m.group(3), text)
+        body = render(Path(results))
+        new = pattern.sub(lambda m: f"<!-- table:{name} -->\n{body}\n<!-- /table:{name} -->", text)
         if new != text:
             changed.append(name)
         text = new
