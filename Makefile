@@ -30,7 +30,7 @@ notebooks: $(STAMP)
 # 1. Replayed tau (fp32): one AR decode per prompt of GSM8K, MATH-500, HumanEval and MT-Bench (cached under
 #    ~/.cache/jetflow/replay, resumable), then every head method x budget x width replayed (~40 min, 1 core).
 # 2. Decoded GSM8K (budgets 16/64) and MATH-500 (budget 16) in fp32, methods interleaved prompt by prompt:
-#    two 1-thread processes side by side (~25 + ~20 min).
+#    two 1-thread processes side by side (~30 + ~20 min).
 # 3. bf16 speed on GSM8K and MATH-500 with the hardware-aware budget beside every fixed candidate: two 1-thread
 #    processes side by side, one per dataset (~35 min).
 # 4. bf16 training-free baselines (AR, transformers generate, transformers prompt lookup, our lookup) on GSM8K and
