@@ -356,7 +356,8 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
     ids_of = {ds: [p.get("id", i) for i, p in enumerate(ps)] for ds, ps in prompts_by_dataset.items()}
     todo = {k: cfg for k, cfg in enumerate(cfgs) if cfg.same_as is None}
     names = {k: cfg.method if cfg.budget is None else f"{cfg.method}@{cfg.budget}" for k, cfg in todo.items()}
-    prints = {k: head_fingerprint(cfg.proposer) for k, cfg in todo.items()}
+    by_proposer = {id(cfg.proposer): head_fingerprint(cfg.proposer) for cfg in todo.values()}  # hash each head once
+    prints = {k: by_proposer[id(cfg.proposer)] for k, cfg in todo.items()}
     book = None if journal is None else Journal(journal, {
         "model": target.name, "dtype": str(target.dtype).removeprefix("torch."), "device": target.device.type,
         "max_new_tokens": max_new_tokens, "temperature": temperature})

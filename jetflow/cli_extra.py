@@ -5,8 +5,6 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def regenerate_command(args, out: Path) -> str:
     """The ``python -m jetflow regenerate`` line that (re)makes ``out`` with these settings."""
@@ -193,6 +191,7 @@ def add_train(sub) -> None:
 
 def cmd_report(args) -> int:
     from . import report
+    args.readme, args.results = Path(args.readme or report.README), Path(args.results or report.RESULTS)
     if args.write:
         changed = report.update(args.readme, args.results)
         print(f"rewrote {len(changed)} table(s) in {args.readme}: {', '.join(changed) or 'none changed'}")
@@ -203,14 +202,14 @@ def cmd_report(args) -> int:
               if stale else f"every README table matches {args.results}")
         return 1 if stale else 0
     for name, render in report.TABLES.items():
-        print(f"<!-- table:{name} -->\n{render(Path(args.results))}\n<!-- /table:{name} -->\n")
+        print(f"<!-- table:{name} -->\n{render(args.results)}\n<!-- /table:{name} -->\n")
     return 0
 
 
 def add_report(sub) -> None:
     r = sub.add_parser("report", help="the README's result tables, rendered from data/results/*/rows.json")
-    r.add_argument("--results", default=str(ROOT / "data" / "results"))
-    r.add_argument("--readme", default=str(ROOT / "README.md"))
+    r.add_argument("--results", default=None, help="result folders (default: data/results of this checkout)")
+    r.add_argument("--readme", default=None, help="default: README.md of this checkout")
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 if a README table differs from the rows")
     mode.add_argument("--write", action="store_true", help="rewrite the README tables from the rows")

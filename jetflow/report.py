@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+README, RESULTS = ROOT / "README.md", ROOT / "data" / "results"
 DATASET_NAMES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mt_bench": "MT-Bench",
                  "mbpp": "MBPP", "spec_bench": "Spec-Bench"}
 METHOD_ORDER = ("ar", "hf", "hf-lookup", "lookup", "dflash", "ddtree", "jetflow", "jetflow-bp")
@@ -33,15 +34,16 @@ def load(results: Path, *names: str) -> list[dict]:
     return rows
 
 
-def cell(row: Mapping | None, *, ident: bool = True) -> str:
-    """``tau / speedup (identical/n)``; '-' for what a row lacks (hf has no tau)."""
+def cell(row: Mapping | None, *, bold: bool = False) -> str:
+    """``tau / speedup (identical/n)``, the speedup in bold if asked; '-' for what a row lacks (hf has no tau)."""
     if row is None:
         return "-"
     tau = "-" if row.get("tau") is None else f"{row['tau']:.2f}"
     if "speedup" not in row:  # replayed: tau only
         return tau
     speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
-    return f"{tau} / {speed}" + (f" ({row['identical_to_ar']}/{row['n_prompts']})" if ident else "")
+    speed = f"**{speed}**" if bold else speed
+    return f"{tau} / {speed} ({row['identical_to_ar']}/{row['n_prompts']})"
 
 
 def _md(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -109,13 +111,8 @@ def speed_auto(results: Path, names: Sequence[str]) -> str:
             if not got:
                 continue
             best = max(got.values(), key=lambda r: r["speedup"] or 0)
-            cells = []
-            for b in budgets:
-                r = got.get(b)
-                text = cell(r)
-                if r is best:
-                    text = text.replace(f"{r['speedup']:.2f}x", f"**{r['speedup']:.2f}x**")
-                cells.append(text + (" (auto)" if r and r.get("auto_budget") else ""))
+            cells = [cell(r, bold=r is best) + (" (auto)" if r and r.get("auto_budget") else "")
+                     for r in map(got.get, budgets)]
             pick = next((r for r in got.values() if r.get("auto_budget")), None)
             pred = "-" if pick is None or pick.get("predicted_speedup") is None else f"{pick['predicted_speedup']:.2f}x"
             body.append([DATASET_NAMES.get(ds, ds), m, *cells, pred])
@@ -154,7 +151,7 @@ def _block(name: str) -> re.Pattern:
     return re.compile(rf"<!-- table:{re.escape(name)} -->\n((?:.*?\n)?)<!-- /table:{re.escape(name)} -->", re.S)
 
 
-def check(readme: str | Path = ROOT / "README.md", results: str | Path = ROOT / "data" / "results") -> list[str]:
+def check(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
     """Names of the README tables that are missing or differ from the committed rows (empty: all agree)."""
     text, stale = Path(readme).read_text(), []
     for name, render in TABLES.items():
@@ -164,7 +161,7 @@ def check(readme: str | Path = ROOT / "README.md", results: str | Path = ROOT / 
     return stale
 
 
-def update(readme: str | Path = ROOT / "README.md", results: str | Path = ROOT / "data" / "results") -> list[str]:
+def update(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
     """Rewrite every README table from the committed rows; returns the names that changed. A table whose
     markers are missing is an error (place the markers where the table belongs first)."""
     path = Path(readme)
