@@ -66,7 +66,7 @@ results: $(STAMP)
 	$(PY) -m jetflow report --write
 
 # The full grid: every method at budgets 16-255 on GSM8K, MATH-500, HumanEval and MT-Bench, bf16, first 20 prompts,
-# 256 new tokens; two 1-thread processes at a time (~2 h per dataset and core: a 256-node verify costs ~8 AR steps).
+# 256 new tokens; two 1-thread processes at a time (~1.5 h per dataset and core: a 256-node verify costs ~8 AR steps).
 # Resumable: each bench journals finished prompts, so rerunning `make table` continues where it stopped.
 TABLE_METHODS ?= ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow
 TABLE := $(BENCH) --methods $(TABLE_METHODS) --budgets 16,32,64,128,255 --dtype bfloat16
@@ -78,12 +78,13 @@ table: $(STAMP)
 	OMP_NUM_THREADS=1 $(TABLE) --datasets humaneval --out data/results/cpu-table-bf16-humaneval & a=$$!; \
 	OMP_NUM_THREADS=1 $(TABLE) --datasets mt_bench --out data/results/cpu-table-bf16-mt_bench & b=$$!; \
 	wait $$a && wait $$b
+	$(PY) -m jetflow report --write
 
 clean:
 	rm -rf $(VENV)
 
 # README screenshots of the notebooks as a browser shows them (JupyterLab + headless Chromium, smoke mode):
-# data/results/tree_explorer.png, data/results/budget_scaling.png. JETFLOW_HEADS_DIR passes through.
+# data/results/tree_explorer.png, budget_scaling.png and budget_speedup.png. JETFLOW_HEADS_DIR passes through.
 .PHONY: screenshots
 screenshots: $(STAMP)
 	$(PY) -m pip install -q playwright

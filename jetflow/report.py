@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from .bench import CHAIN_NOTE
+
 ROOT = Path(__file__).resolve().parent.parent
 README, RESULTS = ROOT / "README.md", ROOT / "data" / "results"
 DATASET_NAMES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mt_bench": "MT-Bench",
@@ -136,12 +138,43 @@ def by_dataset(results: Path, names: Sequence[str]) -> str:
     return _md(["method", *(DATASET_NAMES.get(d, d) for d in datasets)], body) + f"\n\nAR tokens/s: {ar}."
 
 
+def grid(results: Path, names: Sequence[str]) -> str:
+    """Every method at every budget, one block of rows per dataset; a budget-free method (``hf``,
+    ``hf-lookup``) shows its one measurement in the first column. Each row's best speedup is in bold."""
+    rows = load(results, *names)
+    budgets = sorted({r["budget"] for r in rows if r["budget"] is not None})
+    body = []
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        for m in _methods(rows):
+            got = {r["budget"]: r for r in rows if r["method"] == m and r["dataset"] == ds}
+            if not got or m == "ar":
+                continue
+            if None in got:
+                pad = [""] * (len(budgets) - 1)
+                body.append([DATASET_NAMES.get(ds, ds), f"{m} (no budget)", cell(got[None]), *pad])
+                continue
+            best = max(got.values(), key=lambda r: r["speedup"] or 0)
+            cells = [f"= budget {_reused(r)}" if _reused(r) else cell(r, bold=r is best) for r in map(got.get, budgets)]
+            body.append([DATASET_NAMES.get(ds, ds), m, *cells])
+    ar = ", ".join(f"{_ar_rates(rows, ds)} on {DATASET_NAMES.get(ds, ds)}"
+                   for ds in dict.fromkeys(r["dataset"] for r in rows))
+    return _md(["dataset", "method", *(f"budget {b}" for b in budgets)], body) + f"\n\nAR tokens/s: {ar}."
+
+
+def _reused(row: Mapping | None) -> int | None:
+    """The budget whose runs a row repeats (its trees stop growing before its own budget), else None."""
+    found = re.fullmatch(re.escape(CHAIN_NOTE).replace(re.escape("{}"), r"(\d+)"), (row or {}).get("note", ""))
+    return int(found.group(1)) if found else None
+
+
+GRID = tuple(f"cpu-table-bf16-{ds}" for ds in ("gsm8k", "math500", "humaneval", "mt_bench"))
 TABLES: dict[str, Callable[[Path], str]] = {
     "replay-tau": replay_tau,
     "gsm8k-fp32": lambda res: decoded(res, ["cpu-gsm8k-fp32-causal", "cpu-gsm8k-fp32-bidir"], "gsm8k"),
     "math500-fp32": lambda res: decoded(res, ["cpu-math500-fp32-causal", "cpu-math500-fp32-bidir"], "math500"),
     "speed-bf16": lambda res: speed_auto(res, ["cpu-speed-bf16-gsm8k", "cpu-speed-bf16-math500"]),
     "baselines-bf16": lambda res: by_dataset(res, ["cpu-baselines-bf16-gsm8k", "cpu-baselines-bf16-math500"]),
+    "table-bf16": lambda res: grid(res, GRID),
 }
 
 

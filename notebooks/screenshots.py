@@ -28,10 +28,11 @@ HERE = Path(__file__).resolve().parent
 TOKEN = "jetflow-screenshots"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-# notebook stem -> (png, the code cell whose output is shot (last match with a figure), plotly figures in it)
+# notebook stem -> [(png, the code cell whose output is shot (last match with a figure), plotly figures in it)]
 TARGETS = {
-    "03_tree_explorer": ("tree_explorer.png", re.compile(r"viz\.TreeExplorer\("), 2),
-    "05_budget_scaling": ("budget_scaling.png", re.compile(r'budget_curve\(\w+, "tau"\)'), 1),
+    "03_tree_explorer": [("tree_explorer.png", re.compile(r"viz\.TreeExplorer\("), 2)],
+    "05_budget_scaling": [("budget_scaling.png", re.compile(r'budget_curve\(headline, "tau"\)'), 1),
+                          ("budget_speedup.png", re.compile(r'budget_curve\(grid, "speedup"\)'), 1)],
 }
 SETTINGS = {  # JupyterLab user settings: never save, no toasts, every cell in the DOM
     "docmanager-extension/plugin": {"autosave": False},
@@ -69,8 +70,7 @@ def start_lab(tmp: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("JupyterLab did not answer within 4 minutes")
 
 
-def shoot(page, base: str, notebook: str, out: Path, timeout_s: float) -> Path:
-    png, cell_text, n_plots = TARGETS[Path(notebook).stem]
+def shoot(page, base: str, notebook: str, out: Path, timeout_s: float) -> list[Path]:
     page.goto(f"{base}/lab/tree/{Path(notebook).name}?reset&token={TOKEN}")  # reset: only this notebook open
     nb = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
     # the status bar's "Python 3 (ipykernel) | Idle" (the toolbar says idle already while there is no kernel)
@@ -94,6 +94,11 @@ def shoot(page, base: str, notebook: str, out: Path, timeout_s: float) -> Path:
     if not_run:  # Run All stops at the first error: show that cell's output
         failed = nb.locator(".jp-CodeCell").nth(not_run[0] - 1).locator(".jp-OutputArea").inner_text()
         raise RuntimeError(f"{notebook}: code cell {not_run[0] - 1} failed, later cells did not run:\n{failed[-4000:]}")
+    return [shot(page, nb, out / png, cell_text, n_plots) for png, cell_text, n_plots in TARGETS[Path(notebook).stem]]
+
+
+def shot(page, nb, path: Path, cell_text: re.Pattern, n_plots: int) -> Path:
+    """Save the output of the last code cell matching ``cell_text`` that holds a figure."""
     cell = nb.locator(".jp-CodeCell").filter(has_text=cell_text).filter(has=page.locator(".js-plotly-plot")).last
     cell.locator(".js-plotly-plot .main-svg").nth(n_plots - 1).wait_for(timeout=60_000)
     # the cell's own output, not the outputs nested in a widget's Output areas
@@ -102,8 +107,8 @@ def shoot(page, base: str, notebook: str, out: Path, timeout_s: float) -> Path:
     page.set_viewport_size({"width": page.viewport_size["width"], "height": max(800, int(height) + 250)})
     output.scroll_into_view_if_needed()
     page.wait_for_timeout(1500)  # plotly redraws after the resize
-    output.screenshot(path=out / png)
-    return out / png
+    output.screenshot(path=path)
+    return path
 
 
 def main() -> None:
@@ -129,7 +134,8 @@ def main() -> None:
                     t0, page = time.time(), browser.new_page()
                     print(f"{notebook}: running all cells ...", flush=True)
                     try:
-                        print(f"{shoot(page, base, notebook, args.out, args.timeout)} ({time.time() - t0:.0f}s)")
+                        shots = shoot(page, base, notebook, args.out, args.timeout)
+                        print(", ".join(map(str, shots)), f"({time.time() - t0:.0f}s)")
                     except Exception:
                         failed = args.out / f"_failed_{Path(notebook).stem}.png"  # the whole window, to see why
                         with contextlib.suppress(Exception):
