@@ -69,6 +69,12 @@ def _ar_rates(rows, dataset) -> str:
     return " / ".join(rates)
 
 
+def _ar_line(rows) -> str:
+    """The footer naming AR's tokens/s on every dataset of ``rows``, in order of appearance."""
+    datasets = dict.fromkeys(r["dataset"] for r in rows)
+    return "AR tokens/s: " + ", ".join(f"{_ar_rates(rows, ds)} on {DATASET_NAMES.get(ds, ds)}" for ds in datasets) + "."
+
+
 # ----------------------------------------------------------------------------- tables
 def replay_tau(results: Path) -> str:
     """tau against budget for every head method (JetFlow at width 7) on every replayed dataset."""
@@ -118,10 +124,8 @@ def speed_auto(results: Path, names: Sequence[str]) -> str:
             pick = next((r for r in got.values() if r.get("auto_budget")), None)
             pred = "-" if pick is None or pick.get("predicted_speedup") is None else f"{pick['predicted_speedup']:.2f}x"
             body.append([DATASET_NAMES.get(ds, ds), m, *cells, pred])
-    ar = ", ".join(f"{_ar_rates(rows, ds)} on {DATASET_NAMES.get(ds, ds)}"
-                   for ds in dict.fromkeys(r["dataset"] for r in rows))
     head = ["dataset", "method", *(f"budget {b}" for b in budgets), "auto: predicted speedup"]
-    return _md(head, body) + f"\n\nAR tokens/s: {ar}."
+    return _md(head, body) + "\n\n" + _ar_line(rows)
 
 
 def by_dataset(results: Path, names: Sequence[str]) -> str:
@@ -134,8 +138,7 @@ def by_dataset(results: Path, names: Sequence[str]) -> str:
         budget = next((r["budget"] for r in sub if r["budget"] is not None), None)
         body.append([m + ("" if budget is None else f" (budget {budget})"),
                      *(cell(_find(rows, m, ds)) for ds in datasets)])
-    ar = ", ".join(f"{_ar_rates(rows, ds)} on {DATASET_NAMES.get(ds, ds)}" for ds in datasets)
-    return _md(["method", *(DATASET_NAMES.get(d, d) for d in datasets)], body) + f"\n\nAR tokens/s: {ar}."
+    return _md(["method", *(DATASET_NAMES.get(d, d) for d in datasets)], body) + "\n\n" + _ar_line(rows)
 
 
 def grid(results: Path, names: Sequence[str]) -> str:
@@ -154,16 +157,18 @@ def grid(results: Path, names: Sequence[str]) -> str:
                 body.append([DATASET_NAMES.get(ds, ds), f"{m} (no budget)", cell(got[None]), *pad])
                 continue
             best = max(got.values(), key=lambda r: r["speedup"] or 0)
-            cells = [f"= budget {_reused(r)}" if _reused(r) else cell(r, bold=r is best) for r in map(got.get, budgets)]
+            cells = [cell(r, bold=r is best) if (same := _reused(r)) is None else f"= budget {same}"
+                     for r in map(got.get, budgets)]
             body.append([DATASET_NAMES.get(ds, ds), m, *cells])
-    ar = ", ".join(f"{_ar_rates(rows, ds)} on {DATASET_NAMES.get(ds, ds)}"
-                   for ds in dict.fromkeys(r["dataset"] for r in rows))
-    return _md(["dataset", "method", *(f"budget {b}" for b in budgets)], body) + f"\n\nAR tokens/s: {ar}."
+    return _md(["dataset", "method", *(f"budget {b}" for b in budgets)], body) + "\n\n" + _ar_line(rows)
+
+
+_REUSED = re.compile(re.escape(CHAIN_NOTE).replace(re.escape("{}"), r"(\d+)"))  # bench's note on a repeated budget
 
 
 def _reused(row: Mapping | None) -> int | None:
     """The budget whose runs a row repeats (its trees stop growing before its own budget), else None."""
-    found = re.fullmatch(re.escape(CHAIN_NOTE).replace(re.escape("{}"), r"(\d+)"), (row or {}).get("note", ""))
+    found = _REUSED.fullmatch((row or {}).get("note", ""))
     return int(found.group(1)) if found else None
 
 
