@@ -13,7 +13,8 @@ Entry points
   -> ``Step(logits (T, V), taps (T, L, H))``; ``Target.encode(prompt) -> (T,)`` via the chat template.
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and the builders
   ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree) taking
-  per-depth log-probs (D, V); ``ancestor_mask(parents) -> (N+1, N+1)``.
+  per-depth log-probs (D, V); ``merge(first, second, budget)`` (one trie of both);
+  ``ancestor_mask(parents) -> (N+1, N+1)``.
 - ``verify``: ``tree_attention_mask``, ``greedy_accept`` and ``sample_accept``
   (tree, logits (N+1, V)) -> (accepted node path, bonus token).
 - ``generate(target, prompt, proposer=None, *, budget, max_new_tokens, temperature=0.0, seed=None)
@@ -22,7 +23,8 @@ Entry points
 - ``make_proposer(method, target, head=None, draft_dtype=None)``: ``ar``, ``lookup``, ``random``, and
   the head methods ``jetflow`` (causal head + accum_logp), ``dflash`` (bidirectional head + chain),
   ``ddtree`` (bidirectional head + best_prefix), ``jetflow-bp`` (causal head + best_prefix, an
-  ablation); heads draft in bf16 where that is fast.
+  ablation), and ``jetflow+lookup`` / ``ddtree+lookup`` (the head's tree with prompt-lookup branches
+  merged in, ``LookupMerged``; beyond the paper); heads draft in bf16 where that is fast.
 - ``DraftHead`` / ``HeadConfig`` (``jetflow.head``): fused taps -> a few decoder layers with KV
   injection -> the target's frozen ``lm_head`` (optionally only its rows of a K-token draft
   vocabulary, ``head.vocab``); ``draft_logp(...) -> (D, V)``;

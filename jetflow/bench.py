@@ -42,7 +42,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from .decode import Round, generate
-from .proposers import HEAD_METHODS, METHODS, make_proposer
+from .proposers import HEAD_METHODS, LOOKUP_MERGED, METHODS, make_proposer
 from .target import DTYPES, Target
 
 CONVENTIONS = ("tau = mean tokens committed per round including the bonus token; budget = draft nodes "
@@ -177,6 +177,7 @@ class Config:
 
 def head_for(method: str, heads: Mapping[str, str] | None) -> str | None:
     """The head path of a head method: ``heads`` is keyed by head kind (ddtree uses the dflash head)."""
+    method = LOOKUP_MERGED.get(method, method)
     return (heads or {}).get(HEAD_METHODS[method][0]) if method in HEAD_METHODS else None
 
 

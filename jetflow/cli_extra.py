@@ -76,7 +76,7 @@ def _emit(rows: list[dict], args, module) -> int:
 def add_bench(sub) -> None:
     b = sub.add_parser("bench", help="tau and speedup tables: methods x datasets x budgets")
     b.add_argument("--preset", default="cpu", help="cpu (embedded target) or qwen3-8b (GPU)")
-    b.add_argument("--methods", default=None, help="comma list: ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow,jetflow-bp")
+    b.add_argument("--methods", default=None, help="comma list: ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow,jetflow-bp,jetflow+lookup,ddtree+lookup")
     b.add_argument("--datasets", default=None, help="comma list: gsm8k,math500,humaneval,mbpp,mt_bench,spec_bench")
     b.add_argument("--budgets", default=None, help="comma list, e.g. 16,32,64,128,255; 'auto' (pick among the preset's budgets) or "
                         "'8,16,32,auto' (pick among these, and run each of them too for comparison)")

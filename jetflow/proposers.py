@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .head import DraftHead, HeadState, check_compatible, draft_hidden
-from .tree import Tree, accum_logp, tree_builder
+from .tree import Tree, accum_logp, merge, tree_builder
 
 
 @dataclass
@@ -191,12 +191,48 @@ class HeadProposer:
         return dataclasses.replace(tree, tokens=ids)
 
 
+@dataclass
+class LookupMerged:
+    """Beyond the paper: a head proposer's tree with prompt-lookup continuations merged in.
+
+    The n-gram lookup trie goes in first (at most ``share`` x budget nodes; none when the suffix has
+    no earlier match), then the head's tree fills the rest of the budget best first, a node both drafted
+    counting once. Copying spans of the prompt or of the answer so far is what lookup is good at and a
+    small head is not, so the two miss different tokens. Verification is unchanged, so it stays lossless."""
+    inner: HeadProposer
+    share: float = 0.5
+    lookup: LookupProposer = field(default_factory=LookupProposer)
+
+    def __post_init__(self):
+        if not 0 < self.share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {self.share}")
+
+    @property
+    def taps(self) -> tuple:
+        return self.inner.taps
+
+    @property
+    def head(self):
+        return self.inner.head
+
+    max_drafts = None  # the head's tree grows with the budget
+
+    def start(self, prompt_ids) -> HeadDraftState:
+        return self.inner.start(prompt_ids)
+
+    def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
+        drafted = self.inner.propose(state, tokens, new_taps, budget)
+        found = self.lookup.propose(None, tokens, None, max(1, int(budget * self.share)))
+        return merge(found, drafted, budget)
+
+
 HEAD_METHODS = {"jetflow": ("jetflow", "accum_logp"), "dflash": ("dflash", "chain"),
                 "ddtree": ("dflash", "best_prefix"),
                 "jetflow-bp": ("jetflow", "best_prefix")}  # method -> (shipped head kind, tree builder)
 # jetflow-bp is an ablation beyond the paper: JetFlow's causal head under DDTree's exact best-prefix tree,
 # which tells the head's share of a JetFlow/DDTree gap from the tree builder's.
-METHODS = ("ar", "lookup", "random", *HEAD_METHODS)
+LOOKUP_MERGED = {"jetflow+lookup": "jetflow", "ddtree+lookup": "ddtree"}  # method -> head method (beyond the paper)
+METHODS = ("ar", "lookup", "random", *HEAD_METHODS, *LOOKUP_MERGED)
 
 
 def shipped_head_dir(kind: str):
@@ -219,6 +255,9 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
         return LookupProposer()
     if method == "random":
         return RandomProposer(target.config.vocab_size)
+    if method in LOOKUP_MERGED:
+        return LookupMerged(make_proposer(LOOKUP_MERGED[method], target, head=head, width=width,
+                                          draft_dtype=draft_dtype))
     kind, builder = HEAD_METHODS[method]
     path = head or shipped_head_dir(kind)
     draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))

@@ -1,4 +1,4 @@
-"""Candidate trees: a typed container and the three builders of METHOD.md section 5.
+"""Candidate trees: a typed container, the three builders of METHOD.md section 5, and ``merge``.
 
 Pure torch; imports nothing else from jetflow. A tree holds the root (the anchor, index 0)
 followed by its draft nodes in insertion order, parents before children, so the budget B is
@@ -148,6 +148,37 @@ def best_prefix(logp: torch.Tensor, budget: int, root: int) -> Tree:
         if d < depth_max:
             heapq.heappush(heap, (-(s + top_lp[d][0]), next(order), d + 1, 0, node))
     return Tree.from_lists(tokens, parents, depth, score)
+
+
+def merge(first: Tree, second: Tree, budget: int) -> Tree:
+    """One trie of at most ``budget`` drafts: ``first``'s nodes (in order), then ``second``'s in its own
+    order (best first for the builders above); a node repeating a (parent, token) pair reuses the
+    existing node. Both trees must share the root. Scores are ``second``'s: a node only ``first``
+    drafted (which ``second`` did not rank) takes its parent's score."""
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    if int(first.tokens[0]) != int(second.tokens[0]):
+        raise ValueError("trees to merge must share the root token")
+    n = min(len(first), budget + 1)
+    tokens, parents = first.tokens[:n].tolist(), first.parents[:n].tolist()
+    index = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents)) if i}
+    where, ranked = {0: 0}, {0: 0.0}  # second's node -> merged node; merged node -> second's score
+    s_tok, s_par, s_score = second.tokens.tolist(), second.parents.tolist(), second.score.tolist()
+    for i in range(1, len(s_tok)):
+        if s_par[i] not in where:  # its parent did not fit, so neither does it
+            continue
+        key = (where[s_par[i]], s_tok[i])
+        if key not in index:
+            if len(tokens) - 1 >= budget:
+                continue
+            tokens.append(s_tok[i]); parents.append(key[0])
+            index[key] = len(tokens) - 1
+        where[i] = index[key]
+        ranked[index[key]] = s_score[i]
+    score = [0.0] * len(tokens)
+    for i in range(1, len(tokens)):
+        score[i] = ranked.get(i, score[parents[i]])
+    return Tree.from_lists(tokens, parents, score=score)
 
 
 BUILDERS = {"chain": chain, "accum_logp": accum_logp, "best_prefix": best_prefix}

@@ -120,3 +120,27 @@ def test_head_proposer_is_lossless_in_any_draft_dtype_and_vocabulary(tiny_target
         if draft_vocab:
             allowed = set(head.vocab.tolist())
             assert all(set(r.tree.tokens[1:].tolist()) <= allowed for r in res.rounds)
+
+
+def test_lookup_merged_head_is_lossless_and_drafts_the_lookup_branch(tiny_target):
+    from jetflow.proposers import HeadProposer, LookupMerged, LookupProposer
+    from jetflow.train import TrainConfig, build_head
+    rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
+    head = build_head(TrainConfig(block_size=6), tiny_target, rows).eval()
+    inner = HeadProposer(head, tiny_target, "accum_logp", width=3)
+    proposer = LookupMerged(inner, share=0.5)
+    assert proposer.taps == inner.taps and proposer.head is head
+    for ids in PROMPTS:
+        for budget in (1, 9):
+            res = generate(tiny_target, torch.tensor(ids), proposer, budget=budget, max_new_tokens=NEW)
+            assert res.tokens == hf_greedy(tiny_target, ids)
+            assert all(r.tree.budget <= budget for r in res.rounds)
+    # the repeated n-gram's continuation is a branch of the first tree, at most half the budget of it
+    hist = PROMPTS[1]
+    wanted = LookupProposer().propose(None, hist, None, 4).tokens.tolist()
+    assert len(wanted) > 2
+    tree = proposer.propose(proposer.start(torch.tensor(hist)), hist, inner.target.forward(
+        torch.tensor(hist), inner.target.new_cache(), taps=inner.taps).taps, 9)
+    assert tree.tokens[:len(wanted)].tolist() == wanted and tree.budget == 9
+    with pytest.raises(ValueError, match="share"):
+        LookupMerged(inner, share=0)

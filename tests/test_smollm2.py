@@ -27,7 +27,8 @@ def references(smol):
     return refs
 
 
-@pytest.mark.parametrize("method", ["ar", "lookup", "jetflow", "dflash", "ddtree", "jetflow-bp"])
+@pytest.mark.parametrize("method", ["ar", "lookup", "jetflow", "dflash", "ddtree", "jetflow-bp",
+                                    "jetflow+lookup", "ddtree+lookup"])
 def test_greedy_equals_hf_generate(smol, references, method):
     proposer = make_proposer(method, smol)
     for prompt, ref in zip(PROMPTS, references):
