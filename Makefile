@@ -80,6 +80,29 @@ table: $(STAMP)
 	wait $$a && wait $$b
 	$(PY) -m jetflow report --write
 
+# Beyond the paper: the heads' trees with prompt-lookup branches merged in (jetflow+lookup, ddtree+lookup), beside
+# plain jetflow and lookup. GSM8K and MATH-500, first 20 prompts, 256 new tokens, one torch thread per process:
+# bf16 at budgets 16 / 32 (~40 min per dataset), fp32 at budget 16 (every output must equal AR's; ~15 min per
+# dataset), then the replayed tau of both and of jetflow-bp+lookup at budgets 8-255 on four datasets (~15 min).
+# Resumable like `results`.
+MERGED := ar,jetflow+lookup,ddtree+lookup
+.PHONY: merged
+merged: $(STAMP)
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,lookup,jetflow,$(MERGED) --budgets 16,32 --dtype bfloat16 \
+	    --datasets gsm8k --out data/results/cpu-merged-bf16-gsm8k & a=$$!; \
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,lookup,jetflow,$(MERGED) --budgets 16,32 --dtype bfloat16 \
+	    --datasets math500 --out data/results/cpu-merged-bf16-math500 & b=$$!; \
+	wait $$a && wait $$b
+	OMP_NUM_THREADS=1 $(BENCH) --methods $(MERGED) --budgets 16 --dtype float32 \
+	    --datasets gsm8k --out data/results/cpu-merged-fp32-gsm8k & a=$$!; \
+	OMP_NUM_THREADS=1 $(BENCH) --methods $(MERGED) --budgets 16 --dtype float32 \
+	    --datasets math500 --out data/results/cpu-merged-fp32-math500 & b=$$!; \
+	wait $$a && wait $$b
+	OMP_NUM_THREADS=1 $(PY) -m jetflow replay --methods jetflow+lookup,ddtree+lookup,jetflow-bp+lookup --limit 20 \
+	    --datasets gsm8k,math500,humaneval,mt_bench --max-new-tokens 256 --budgets 8,16,32,64,128,255 \
+	    --out data/results/cpu-replay-tau-merged
+	$(PY) -m jetflow report --write
+
 clean:
 	rm -rf $(VENV)
 

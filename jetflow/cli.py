@@ -77,16 +77,16 @@ def cmd_demo(args) -> int:
     from .target import load_target
     print("Loading the embedded target SmolLM2-135M-Instruct (fp32, ~20 s)...")
     target = load_target(None, dtype="float32")
-    methods = ["lookup"] + [m for m, kind in (("jetflow", "jetflow"),) if shipped_head_dir(kind).exists()]
+    methods = ["lookup"] + [m for m in ("jetflow", "jetflow+lookup") if shipped_head_dir("jetflow").exists()]
     for prompt in DEMO_PROMPTS[: args.prompts]:
         ar = generate(target, prompt, None, max_new_tokens=args.max_new_tokens)
         print(f"\n> {prompt}\n{ar.text}\n")
-        print(f"  {'ar':8s} tau 1.00  {ar.tokens_per_s:6.1f} tok/s  speedup 1.00x")
+        print(f"  {'ar':14s} tau 1.00  {ar.tokens_per_s:6.1f} tok/s  speedup 1.00x")
         for method in methods:
             res = generate(target, prompt, make_proposer(method, target), budget=args.budget,
                            max_new_tokens=args.max_new_tokens)
             same = "identical to AR" if res.tokens == ar.tokens else "DIFFERS FROM AR"
-            print(f"  {method:8s} tau {res.tau:4.2f}  {res.tokens_per_s:6.1f} tok/s  "
+            print(f"  {method:14s} tau {res.tau:4.2f}  {res.tokens_per_s:6.1f} tok/s  "
                   f"speedup {res.tokens_per_s / ar.tokens_per_s:4.2f}x  {same}")
     print("\ntau = mean tokens committed per round incl. the bonus token; budget = draft nodes "
           f"excluding the root ({args.budget}); speedup = decode tokens/s over AR, prefill excluded.")

@@ -220,10 +220,13 @@ class LookupMerged:
     def start(self, prompt_ids) -> HeadDraftState:
         return self.inner.start(prompt_ids)
 
+    def reserved(self, budget: int) -> int:
+        """Nodes the lookup trie may take of ``budget``."""
+        return max(1, int(budget * self.share))
+
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
         drafted = self.inner.propose(state, tokens, new_taps, budget)
-        found = self.lookup.propose(None, tokens, None, max(1, int(budget * self.share)))
-        return merge(found, drafted, budget)
+        return merge(self.lookup.propose(None, tokens, None, self.reserved(budget)), drafted, budget)
 
 
 HEAD_METHODS = {"jetflow": ("jetflow", "accum_logp"), "dflash": ("dflash", "chain"),
@@ -231,7 +234,8 @@ HEAD_METHODS = {"jetflow": ("jetflow", "accum_logp"), "dflash": ("dflash", "chai
                 "jetflow-bp": ("jetflow", "best_prefix")}  # method -> (shipped head kind, tree builder)
 # jetflow-bp is an ablation beyond the paper: JetFlow's causal head under DDTree's exact best-prefix tree,
 # which tells the head's share of a JetFlow/DDTree gap from the tree builder's.
-LOOKUP_MERGED = {"jetflow+lookup": "jetflow", "ddtree+lookup": "ddtree"}  # method -> head method (beyond the paper)
+LOOKUP_MERGED = {"jetflow+lookup": "jetflow", "ddtree+lookup": "ddtree",  # method -> head method (beyond the paper)
+                 "jetflow-bp+lookup": "jetflow-bp"}
 METHODS = ("ar", "lookup", "random", *HEAD_METHODS, *LOOKUP_MERGED)
 
 

@@ -32,9 +32,9 @@ from tqdm.auto import tqdm
 from .bench import depth_accept, environment, tau, tau_hist, verify_tokens
 from .bench import write as bench_write
 from .decode import Round, generate
-from .proposers import HEAD_METHODS, HeadProposer, make_proposer
+from .proposers import HEAD_METHODS, LOOKUP_MERGED, HeadProposer, LookupMerged, make_proposer
 from .train import BlockForward, target_pass
-from .tree import Tree, tree_builder
+from .tree import Tree, merge, tree_builder
 from .verify import greedy_accept
 
 REPLAY_NOTE = "replay: greedy rounds walked over one AR decode per prompt (tau only, no timing)"
@@ -109,16 +109,21 @@ def draft_table(proposer: HeadProposer, trace: Trace, k: int = 256, chunk: int =
     return DraftTable(logp, col if proposer._vocab is None else proposer._vocab[col])
 
 
-def walk(table: DraftTable, trace: Trace, build: Callable, budget: int, eos_ids) -> list[Round]:
+def walk(table: DraftTable, trace: Trace, build: Callable, budget: int, eos_ids,
+         lookup: LookupMerged | None = None) -> list[Round]:
     """The rounds ``generate`` runs on ``trace``'s prompt with these drafts (greedy): each round builds
     the tree at the anchor, accepts the longest path matching the continuation, commits it plus the
-    bonus token (truncated at EOS and ``max_new_tokens`` like ``generate``)."""
+    bonus token (truncated at EOS and ``max_new_tokens`` like ``generate``). With ``lookup`` (a
+    ``LookupMerged``) its prompt-lookup branches are merged in first, as it does when decoding."""
     tokens, rounds, i = trace.tokens, [], 0
     while i + 1 < len(tokens) and tokens[i] not in eos_ids:
         tree = build(table.logp[i], budget, tokens[i])
         ids = tree.tokens.clone()
         ids[1:] = table.ids[i][tree.depth[1:] - 1, tree.tokens[1:]]   # columns of the top-K -> token ids
         tree = Tree(ids, tree.parents, tree.depth, tree.score)
+        if lookup is not None:
+            history = trace.prompt_ids + tokens[:i + 1]
+            tree = merge(lookup.lookup.propose(None, history, None, lookup.reserved(budget)), tree, budget)
         cont = tokens[i + 1:]
         choice = [cont[d] if d < len(cont) else -1 for d in tree.depth.tolist()]  # the target's argmax
         path, _ = greedy_accept(tree, None, choice)
@@ -135,28 +140,33 @@ def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Seque
     are tried for ``accum_logp`` (JetFlow). ``heads`` maps a head kind to its path (default: shipped).
     The head runs in ``draft_dtype``: fp32 by default, where replayed rounds equal decoded ones
     exactly (a bf16 head, as ``generate`` uses on this CPU, moves tau by about a hundredth)."""
-    unknown = [m for m in methods if m not in HEAD_METHODS]
+    unknown = [m for m in methods if m not in HEAD_METHODS and m not in LOOKUP_MERGED]
     if unknown:
-        raise ValueError(f"replay covers the head methods {', '.join(HEAD_METHODS)}; got {unknown}")
+        raise ValueError(f"replay covers the head methods {', '.join([*HEAD_METHODS, *LOOKUP_MERGED])}; "
+                         f"got {unknown}")
     if not widths or any(w < 1 for w in widths):
         raise ValueError(f"widths must be >= 1, got {list(widths)}")
     if not budgets or any(b < 1 for b in budgets):
         raise ValueError(f"budgets must be >= 1, got {list(budgets)}")
     rows, env = [], environment(target)
-    kinds = dict.fromkeys(HEAD_METHODS[m][0] for m in methods)
+    spec = {m: HEAD_METHODS[LOOKUP_MERGED.get(m, m)] for m in methods}  # method -> (head kind, builder)
+    kinds = dict.fromkeys(kind for kind, _ in spec.values())
     k = max(max(budgets), max(widths))
     for kind in kinds:
-        proposer = make_proposer(next(m for m in methods if HEAD_METHODS[m][0] == kind), target,
-                                 head=(heads or {}).get(kind), draft_dtype=draft_dtype)
+        first = next(m for m in methods if spec[m][0] == kind)
+        proposer = make_proposer(LOOKUP_MERGED.get(first, first), target, head=(heads or {}).get(kind),
+                                 draft_dtype=draft_dtype)
         for ds, traces in traces_by_dataset.items():
             tables = [draft_table(proposer, t, k) for t in
                       tqdm(traces, desc=f"draft {kind} {ds}", disable=not progress, leave=False)]
-            for m in (m for m in methods if HEAD_METHODS[m][0] == kind):
-                builder = HEAD_METHODS[m][1]
+            for m in (m for m in methods if spec[m][0] == kind):
+                builder = spec[m][1]
+                lookup = LookupMerged(proposer) if m in LOOKUP_MERGED else None
                 for w in (widths if builder == "accum_logp" else (None,)):
                     build = tree_builder(builder, w or 7)
                     for b in budgets:
-                        rounds = [r for t, tab in zip(traces, tables) for r in walk(tab, t, build, b, target.eos_ids)]
+                        rounds = [r for t, tab in zip(traces, tables)
+                                  for r in walk(tab, t, build, b, target.eos_ids, lookup)]
                         rows.append({"method": m, "dataset": ds, "budget": b, "width": w, "builder": builder,
                                      "n_prompts": len(traces), "new_tokens": sum(len(t.tokens) for t in traces),
                                      "tau": tau(rounds), "tau_hist": tau_hist(rounds),

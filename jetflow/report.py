@@ -23,7 +23,7 @@ README, RESULTS = ROOT / "README.md", ROOT / "data" / "results"
 DATASET_NAMES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mt_bench": "MT-Bench",
                  "mbpp": "MBPP", "spec_bench": "Spec-Bench"}
 METHOD_ORDER = ("ar", "hf", "hf-lookup", "lookup", "dflash", "ddtree", "jetflow", "jetflow-bp", "ddtree+lookup",
-                "jetflow+lookup")
+                "jetflow+lookup", "jetflow-bp+lookup")
 
 
 def load(results: Path, *names: str) -> list[dict]:
@@ -77,14 +77,15 @@ def _ar_line(rows) -> str:
 
 
 # ----------------------------------------------------------------------------- tables
-def replay_tau(results: Path) -> str:
+def replay_tau(results: Path, name: str = "cpu-replay-tau",
+               methods: Sequence[str] = ("jetflow", "ddtree", "dflash", "jetflow-bp")) -> str:
     """tau against budget for every head method (JetFlow at width 7) on every replayed dataset."""
-    rows = [r for r in load(results, "cpu-replay-tau") if r.get("width") in (None, 7)]
+    rows = [r for r in load(results, name) if r.get("width") in (None, 7)]
     budgets = sorted({r["budget"] for r in rows})
     label = {"jetflow": "jetflow (W=7)"}
     body = []
     for ds in dict.fromkeys(r["dataset"] for r in rows):
-        for m in ("jetflow", "ddtree", "dflash", "jetflow-bp"):
+        for m in methods:
             got = {r["budget"]: r for r in rows if r["method"] == m and r["dataset"] == ds}
             if got:
                 body.append([DATASET_NAMES.get(ds, ds), label.get(m, m), *(cell(got.get(b)) for b in budgets)])
@@ -181,6 +182,10 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "speed-bf16": lambda res: speed_auto(res, ["cpu-speed-bf16-gsm8k", "cpu-speed-bf16-math500"]),
     "baselines-bf16": lambda res: by_dataset(res, ["cpu-baselines-bf16-gsm8k", "cpu-baselines-bf16-math500"]),
     "table-bf16": lambda res: grid(res, GRID),
+    "merged-bf16": lambda res: grid(res, ["cpu-merged-bf16-gsm8k", "cpu-merged-bf16-math500"]),
+    "merged-fp32": lambda res: grid(res, ["cpu-merged-fp32-gsm8k", "cpu-merged-fp32-math500"]),
+    "replay-tau-merged": lambda res: replay_tau(res, "cpu-replay-tau-merged",
+                                                  ("jetflow+lookup", "ddtree+lookup", "jetflow-bp+lookup")),
 }
 
 

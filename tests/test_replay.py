@@ -4,7 +4,7 @@ import torch
 
 from jetflow import replay as rp
 from jetflow.decode import generate
-from jetflow.proposers import HeadProposer
+from jetflow.proposers import HeadProposer, LookupMerged
 from jetflow.train import TrainConfig, build_head
 
 EOS = {2}
@@ -57,21 +57,28 @@ def test_walk_stops_at_max_new_tokens_without_eos():
     assert committed(rounds) == tokens[1:] and [len(r.committed) for r in rounds] == [5, 4]
 
 
+@pytest.mark.parametrize("merged", [False, True])
 @pytest.mark.parametrize("builder", ["accum_logp", "best_prefix", "chain"])
-def test_replayed_rounds_equal_decoded_rounds(tiny_target, builder):
+def test_replayed_rounds_equal_decoded_rounds(tiny_target, builder, merged):
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
     head = build_head(TrainConfig(block_size=6, draft_vocab=300), tiny_target, rows).eval()
     proposer = HeadProposer(head, tiny_target, builder, width=3)
-    prompts = [{"id": "a", "prompt": "Count to five."}, {"id": "b", "prompt": "Name a colour."}]
+    lookup, changed = LookupMerged(proposer) if merged else None, []
+    prompts = [{"id": "a", "prompt": "Count to five."}, {"id": "b", "prompt": "Name a colour."},
+               {"id": "c", "prompt": "one two one two one two one two one two"}]  # its answer repeats a token
     traces = rp.ar_traces(tiny_target, prompts, 20, progress=False)
     for trace in traces:
         table = rp.draft_table(proposer, trace, k=16)
         for budget in (4, 12):
-            real = generate(tiny_target, torch.tensor(trace.prompt_ids), proposer, budget=budget,
+            real = generate(tiny_target, torch.tensor(trace.prompt_ids), lookup or proposer, budget=budget,
                             max_new_tokens=20).rounds
-            walked = rp.walk(table, trace, rp.tree_builder(builder, 3), budget, tiny_target.eos_ids)
+            walked = rp.walk(table, trace, rp.tree_builder(builder, 3), budget, tiny_target.eos_ids, lookup)
             assert [r.tree.tokens.tolist() for r in walked] == [r.tree.tokens.tolist() for r in real]
             assert [r.committed for r in walked] == [r.committed for r in real]
+            if merged:  # the lookup branches did change some trees
+                plain = rp.walk(table, trace, rp.tree_builder(builder, 3), budget, tiny_target.eos_ids)
+                changed.append(any(a.tree.tokens.tolist() != b.tree.tokens.tolist() for a, b in zip(plain, walked)))
+    assert any(changed) or not merged
 
 
 def test_ar_traces_resume_from_the_cache(tiny_target, tmp_path, monkeypatch):
