@@ -83,7 +83,8 @@ table: $(STAMP)
 # Beyond the paper: the heads' trees with prompt-lookup branches merged in (jetflow+lookup, ddtree+lookup), beside
 # plain jetflow and lookup. GSM8K and MATH-500, first 20 prompts, 256 new tokens, one torch thread per process:
 # bf16 at budgets 16 / 32 (~40 min per dataset), fp32 at budget 16 (every output must equal AR's; ~15 min per
-# dataset), then the replayed tau of both and of jetflow-bp+lookup at budgets 8-255 on four datasets (~15 min).
+# dataset), `--budgets 8,16,32,auto` for jetflow+lookup in bf16 (~20 min), then the replayed tau of both and of
+# jetflow-bp+lookup at budgets 8-255 on four datasets (~15 min).
 # Resumable like `results`.
 MERGED := ar,jetflow+lookup,ddtree+lookup
 .PHONY: merged
@@ -97,6 +98,11 @@ merged: $(STAMP)
 	    --datasets gsm8k --out data/results/cpu-merged-fp32-gsm8k & a=$$!; \
 	OMP_NUM_THREADS=1 $(BENCH) --methods $(MERGED) --budgets 16 --dtype float32 \
 	    --datasets math500 --out data/results/cpu-merged-fp32-math500 & b=$$!; \
+	wait $$a && wait $$b
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow+lookup --budgets 8,16,32,auto --dtype bfloat16 \
+	    --datasets gsm8k --out data/results/cpu-merged-auto-bf16-gsm8k & a=$$!; \
+	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow+lookup --budgets 8,16,32,auto --dtype bfloat16 \
+	    --datasets math500 --out data/results/cpu-merged-auto-bf16-math500 & b=$$!; \
 	wait $$a && wait $$b
 	OMP_NUM_THREADS=1 $(PY) -m jetflow replay --methods jetflow+lookup,ddtree+lookup,jetflow-bp+lookup --limit 20 \
 	    --datasets gsm8k,math500,humaneval,mt_bench --max-new-tokens 256 --budgets 8,16,32,64,128,255 \

@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate one answer with a chosen method")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--method", default="ar", help="ar, lookup, jetflow, dflash, ddtree, jetflow-bp, jetflow+lookup or ddtree+lookup")
+    g.add_argument("--method", default="ar", help="ar, lookup, jetflow, dflash, ddtree, jetflow-bp, "
+                   "jetflow+lookup, ddtree+lookup or jetflow-bp+lookup")
     g.add_argument("--budget", default="16", help="draft nodes excluding the root, or 'auto'")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0)

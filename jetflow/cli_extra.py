@@ -76,7 +76,8 @@ def _emit(rows: list[dict], args, module) -> int:
 def add_bench(sub) -> None:
     b = sub.add_parser("bench", help="tau and speedup tables: methods x datasets x budgets")
     b.add_argument("--preset", default="cpu", help="cpu (embedded target) or qwen3-8b (GPU)")
-    b.add_argument("--methods", default=None, help="comma list: ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow,jetflow-bp,jetflow+lookup,ddtree+lookup")
+    b.add_argument("--methods", default=None, help="comma list: ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow,jetflow-bp,"
+                   "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup")
     b.add_argument("--datasets", default=None, help="comma list: gsm8k,math500,humaneval,mbpp,mt_bench,spec_bench")
     b.add_argument("--budgets", default=None, help="comma list, e.g. 16,32,64,128,255; 'auto' (pick among the preset's budgets) or "
                         "'8,16,32,auto' (pick among these, and run each of them too for comparison)")
@@ -117,7 +118,8 @@ def cmd_replay(args) -> int:
 
 def add_replay(sub) -> None:
     r = sub.add_parser("replay", help="greedy tau vs budget in seconds: one AR decode, then every tree replayed")
-    r.add_argument("--methods", default="jetflow,ddtree,dflash,jetflow-bp", help="head methods: jetflow,ddtree,dflash,jetflow-bp")
+    r.add_argument("--methods", default="jetflow,ddtree,dflash,jetflow-bp", help="head methods: jetflow,ddtree,dflash,jetflow-bp,"
+                   "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup")
     r.add_argument("--datasets", default=None, help="comma list: gsm8k,math500,humaneval,mbpp,mt_bench,spec_bench")
     r.add_argument("--budgets", default="16,32,64,128,255", help="comma list")
     r.add_argument("--widths", default="7", help="widths W to try for jetflow's accum_logp tree, comma list")

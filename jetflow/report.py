@@ -184,6 +184,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "table-bf16": lambda res: grid(res, GRID),
     "merged-bf16": lambda res: grid(res, ["cpu-merged-bf16-gsm8k", "cpu-merged-bf16-math500"]),
     "merged-fp32": lambda res: grid(res, ["cpu-merged-fp32-gsm8k", "cpu-merged-fp32-math500"]),
+    "merged-auto": lambda res: speed_auto(res, ["cpu-merged-auto-bf16-gsm8k", "cpu-merged-auto-bf16-math500"]),
     "replay-tau-merged": lambda res: replay_tau(res, "cpu-replay-tau-merged",
                                                   ("jetflow+lookup", "ddtree+lookup", "jetflow-bp+lookup")),
 }
