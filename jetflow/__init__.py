@@ -23,8 +23,9 @@ Entry points
 - ``make_proposer(method, target, head=None, draft_dtype=None)``: ``ar``, ``lookup``, ``random``, and
   the head methods ``jetflow`` (causal head + accum_logp), ``dflash`` (bidirectional head + chain),
   ``ddtree`` (bidirectional head + best_prefix), ``jetflow-bp`` (causal head + best_prefix, an
-  ablation), and ``jetflow+lookup`` / ``ddtree+lookup`` / ``jetflow-bp+lookup`` (the head's tree with prompt-lookup branches
-  merged in, ``LookupMerged``; beyond the paper); heads draft in bf16 where that is fast.
+  ablation), and ``jetflow+lookup`` / ``ddtree+lookup`` / ``jetflow-bp+lookup`` (the head's tree
+  with prompt-lookup branches merged in, ``LookupMerged``; beyond the paper); heads draft in bf16
+  where that is fast.
 - ``DraftHead`` / ``HeadConfig`` (``jetflow.head``): fused taps -> a few decoder layers with KV
   injection -> the target's frozen ``lm_head`` (optionally only its rows of a K-token draft
   vocabulary, ``head.vocab``); ``draft_logp(...) -> (D, V)``;

@@ -77,13 +77,14 @@ def cmd_demo(args) -> int:
     from .target import load_target
     print("Loading the embedded target SmolLM2-135M-Instruct (fp32, ~20 s)...")
     target = load_target(None, dtype="float32")
-    methods = ["lookup"] + [m for m in ("jetflow", "jetflow+lookup") if shipped_head_dir("jetflow").exists()]
+    methods = ["lookup"] + (["jetflow", "jetflow+lookup"] if shipped_head_dir("jetflow").exists() else [])
+    proposers = {m: make_proposer(m, target) for m in methods}  # heads load once, not once per prompt
     for prompt in DEMO_PROMPTS[: args.prompts]:
         ar = generate(target, prompt, None, max_new_tokens=args.max_new_tokens)
         print(f"\n> {prompt}\n{ar.text}\n")
         print(f"  {'ar':14s} tau 1.00  {ar.tokens_per_s:6.1f} tok/s  speedup 1.00x")
         for method in methods:
-            res = generate(target, prompt, make_proposer(method, target), budget=args.budget,
+            res = generate(target, prompt, proposers[method], budget=args.budget,
                            max_new_tokens=args.max_new_tokens)
             same = "identical to AR" if res.tokens == ar.tokens else "DIFFERS FROM AR"
             print(f"  {method:14s} tau {res.tau:4.2f}  {res.tokens_per_s:6.1f} tok/s  "

@@ -220,13 +220,13 @@ class LookupMerged:
     def start(self, prompt_ids) -> HeadDraftState:
         return self.inner.start(prompt_ids)
 
-    def reserved(self, budget: int) -> int:
-        """Nodes the lookup trie may take of ``budget``."""
-        return max(1, int(budget * self.share))
+    def merged(self, tokens, drafted: Tree, budget: int) -> Tree:
+        """``drafted`` (the head's tree) with the lookup trie of ``tokens`` merged in first."""
+        found = self.lookup.propose(None, tokens, None, max(1, int(budget * self.share)))
+        return merge(found, drafted, budget)
 
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
-        drafted = self.inner.propose(state, tokens, new_taps, budget)
-        return merge(self.lookup.propose(None, tokens, None, self.reserved(budget)), drafted, budget)
+        return self.merged(tokens, self.inner.propose(state, tokens, new_taps, budget), budget)
 
 
 HEAD_METHODS = {"jetflow": ("jetflow", "accum_logp"), "dflash": ("dflash", "chain"),

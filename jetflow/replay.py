@@ -34,7 +34,7 @@ from .bench import write as bench_write
 from .decode import Round, generate
 from .proposers import HEAD_METHODS, LOOKUP_MERGED, HeadProposer, LookupMerged, make_proposer
 from .train import BlockForward, target_pass
-from .tree import Tree, merge, tree_builder
+from .tree import Tree, tree_builder
 from .verify import greedy_accept
 
 REPLAY_NOTE = "replay: greedy rounds walked over one AR decode per prompt (tau only, no timing)"
@@ -122,8 +122,7 @@ def walk(table: DraftTable, trace: Trace, build: Callable, budget: int, eos_ids,
         ids[1:] = table.ids[i][tree.depth[1:] - 1, tree.tokens[1:]]   # columns of the top-K -> token ids
         tree = Tree(ids, tree.parents, tree.depth, tree.score)
         if lookup is not None:
-            history = trace.prompt_ids + tokens[:i + 1]
-            tree = merge(lookup.lookup.propose(None, history, None, lookup.reserved(budget)), tree, budget)
+            tree = lookup.merged(trace.prompt_ids + tokens[:i + 1], tree, budget)
         cont = tokens[i + 1:]
         choice = [cont[d] if d < len(cont) else -1 for d in tree.depth.tolist()]  # the target's argmax
         path, _ = greedy_accept(tree, None, choice)
