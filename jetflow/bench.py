@@ -32,7 +32,6 @@ import os
 import platform
 import sys
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
@@ -41,75 +40,16 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from .decode import Round, generate
-from .proposers import HEAD_METHODS, LOOKUP_MERGED, METHODS, make_proposer
+from .decode import generate
+from .metrics import RoundStat, predicted_speedups, summarize
+from . import methods as registry
+from .proposers import make_proposer
 from .target import DTYPES, Target
 
 CONVENTIONS = ("tau = mean tokens committed per round including the bonus token; budget = draft nodes "
                "excluding the root; speedup = decode tokens/s over AR in the same run, prefill excluded")
-HF_METHODS = {"hf": {}, "hf-lookup": {"prompt_lookup_num_tokens": 10}}  # method -> extra generate kwargs
 HF_NOTE = "transformers generate: prefill not separable, decode_s is the total time"
 CHAIN_NOTE = "its trees stop growing below this budget: the same runs as budget {}"
-BUDGET_FREE = ("ar", *HF_METHODS)
-ALL_METHODS = ("ar", *HF_METHODS, *(m for m in METHODS if m != "ar"))
-
-
-# ----------------------------------------------------------------------------- aggregation (pure)
-@dataclass(frozen=True)
-class RoundStat:
-    """What the row statistics need of one round: a ``Round`` without its tree (small enough to journal)."""
-    committed: int   # tokens committed, bonus included
-    accepted: int    # draft tokens accepted
-    verified: int    # tree nodes the target verified, root included
-    deepest: int     # deepest drafted depth (0 for the root alone)
-    chances: int     # leading accepted nodes, root first, that had a drafted child
-
-    @classmethod
-    def of(cls, r: Round | RoundStat) -> RoundStat:
-        if isinstance(r, RoundStat):
-            return r
-        parents = set(r.tree.parents.tolist())
-        chances = next((i for i, node in enumerate(r.path) if node not in parents), len(r.path))
-        return cls(len(r.committed), r.accepted, len(r.tree), int(r.tree.depth.max()), chances)
-
-
-def tau(rounds: Sequence[Round | RoundStat]) -> float | None:
-    """Mean tokens committed per round, bonus included; None without rounds (hf)."""
-    return sum(RoundStat.of(r).committed for r in rounds) / len(rounds) if rounds else None
-
-
-def tau_hist(rounds: Sequence[Round | RoundStat]) -> dict[int, int]:
-    """Tokens committed in a round -> number of such rounds, ascending."""
-    return dict(sorted(Counter(RoundStat.of(r).committed for r in rounds).items()))
-
-
-def depth_accept(rounds: Sequence[Round | RoundStat]) -> list[float | None]:
-    """Entry d-1: of the rounds that accepted depth d-1 and drafted a child of that accepted node,
-    the fraction that accepted depth d (None where no round had that chance)."""
-    stats = [RoundStat.of(r) for r in rounds]
-    deepest = max((s.deepest for s in stats), default=0)
-    tried, hit = [0] * deepest, [0] * deepest
-    for s in stats:
-        for d in range(1, min(s.chances, deepest) + 1):
-            tried[d - 1] += 1
-            hit[d - 1] += s.accepted >= d
-    return [h / t if t else None for h, t in zip(hit, tried)]
-
-
-def verify_tokens(rounds: Sequence[Round | RoundStat]) -> float | None:
-    """Mean tokens the target verified per round (tree nodes including the root)."""
-    return sum(RoundStat.of(r).verified for r in rounds) / len(rounds) if rounds else None
-
-
-def throughput(tokens: int, seconds: float) -> float | None:
-    """Tokens per second; None when nothing was timed (e.g. max_new_tokens=1 leaves no round)."""
-    return tokens / seconds if seconds > 0 else None
-
-
-def speedup(tokens: int, seconds: float, ar_tokens: int, ar_seconds: float) -> float | None:
-    """(tokens / seconds) / (ar_tokens / ar_seconds): totals over the same prompts, then the ratio."""
-    rate, ar_rate = throughput(tokens, seconds), throughput(ar_tokens, ar_seconds)
-    return rate / ar_rate if rate is not None and ar_rate else None
 
 
 @dataclass
@@ -129,20 +69,6 @@ class Run:
     def from_json(cls, d: Mapping) -> Run:
         return cls(list(d["tokens"]), d["decode_tokens"], d["decode_s"], d["prefill_s"],
                    [RoundStat(*r) for r in d["rounds"]])
-
-
-def summarize(runs: Sequence[Run], ar_runs: Sequence[Run]) -> dict:
-    """Row statistics of one configuration against the AR runs of the same prompts."""
-    rounds = [r for run in runs for r in run.rounds]
-    tokens, secs = sum(r.decode_tokens for r in runs), sum(r.decode_s for r in runs)
-    ar_tokens, ar_secs = sum(r.decode_tokens for r in ar_runs), sum(r.decode_s for r in ar_runs)
-    prefill = [r.prefill_s for r in runs]
-    return {"n_prompts": len(runs), "new_tokens": sum(len(r.tokens) for r in runs), "tau": tau(rounds),
-            "tau_hist": tau_hist(rounds), "depth_accept": depth_accept(rounds),
-            "verify_tokens": verify_tokens(rounds),
-            "prefill_s": None if None in prefill else sum(prefill), "decode_s": secs,
-            "tokens_per_s": throughput(tokens, secs), "speedup": speedup(tokens, secs, ar_tokens, ar_secs),
-            "identical_to_ar": sum(a.tokens == b.tokens for a, b in zip(runs, ar_runs))}
 
 
 # ----------------------------------------------------------------------------- environment
@@ -175,26 +101,18 @@ class Config:
     same_as: int | None = None  # index of an earlier config drafting the very same trees (not rerun)
 
 
-def head_for(method: str, heads: Mapping[str, str] | None) -> str | None:
-    """The head path of a head method: ``heads`` is keyed by head kind (ddtree uses the dflash head)."""
-    method = LOOKUP_MERGED.get(method, method)
-    return (heads or {}).get(HEAD_METHODS[method][0]) if method in HEAD_METHODS else None
-
-
 def configs(target: Target, methods: Sequence[str], budgets, heads=None) -> list[Config]:
     """AR first, then each method in the given order; ``budgets`` is a list or method -> list."""
-    unknown = [m for m in methods if m not in ALL_METHODS]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
+    registry.check(methods)
     out = [Config("ar", None)]
     for m in dict.fromkeys(methods):
-        if m in HF_METHODS:
+        if registry.method(m).budget_free and m != "ar":
             out.append(Config(m, None))
         elif m != "ar":
             sizes = list(budgets.get(m, ()) if isinstance(budgets, Mapping) else budgets)
             if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
                 raise ValueError(f"method {m!r} needs budgets >= 1, got {sizes}")
-            proposer = make_proposer(m, target, head=head_for(m, heads))
+            proposer = make_proposer(m, target, head=registry.head_path(m, heads))
             first: dict[int, int] = {}  # effective budget -> index of its config
             for b in sizes:
                 eff = _effective_budget(m, proposer, b)
@@ -239,8 +157,9 @@ def hf_generate(target: Target, ids: torch.Tensor, max_new_tokens: int, temperat
 def run_config(target: Target, cfg: Config, ids: torch.Tensor, max_new_tokens: int, temperature: float,
                seed: int | None) -> Run:
     """Decode one prompt (1-D ids) with one configuration."""
-    if cfg.method in HF_METHODS:
-        return hf_generate(target, ids, max_new_tokens, temperature, seed, **HF_METHODS[cfg.method])
+    hf_kwargs = registry.method(cfg.method).hf_kwargs
+    if hf_kwargs is not None:
+        return hf_generate(target, ids, max_new_tokens, temperature, seed, **dict(hf_kwargs))
     res = generate(target, ids, cfg.proposer, budget=cfg.budget or 1, max_new_tokens=max_new_tokens,
                    temperature=temperature, seed=seed)
     return Run(res.tokens, sum(len(r.committed) for r in res.rounds), res.decode_s, res.prefill_s,
@@ -389,8 +308,9 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
     env = environment(target)
     return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
              **summarize(runs[ds, k if cfg.same_as is None else cfg.same_as], runs[ds, 0]), **env,
-             **({"note": HF_NOTE} if cfg.method in HF_METHODS else {}),
-             **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget)} if cfg.same_as is not None else {})}
+             **({"note": HF_NOTE} if not registry.method(cfg.method).decodes else {}),
+             **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget), "same_as_budget": cfgs[cfg.same_as].budget}
+                if cfg.same_as is not None else {})}
             for ds in encoded for k, cfg in enumerate(cfgs)]
 
 
@@ -414,9 +334,9 @@ def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets
     for ds, prompts in prompts_by_dataset.items():
         sample = list(prompts)[:calib_prompts]
         picked, tables = {}, {"ar": ar_table}
-        for m in (m for m in dict.fromkeys(methods) if m not in BUDGET_FREE):
+        for m in (m for m in dict.fromkeys(methods) if not registry.method(m).budget_free):
             cal = bud.calibrate(target, m, sample, budgets, max_new_tokens=calib_new_tokens,
-                                temperature=temperature, head=head_for(m, heads))
+                                temperature=temperature, head=registry.head_path(m, heads))
             best, tables[m] = bud.pick_budget(cal.tau, cost, draft_s=cal.draft_s)
             picked[m] = [best]
         ds_rows = run(target, methods, {ds: prompts}, budgets if compare else picked, heads=heads,
@@ -430,15 +350,6 @@ def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets
     for row, ratio in zip(rows, predicted_speedups(rows)):
         row["predicted_speedup"] = ratio
     return rows
-
-
-def predicted_speedups(rows: Sequence[dict]) -> list[float | None]:
-    """Each row's predicted tokens/s over the predicted AR tokens/s of its dataset (None where either is
-    missing). Both predictions come from one cost table timed in one go, so machine load, which shifts
-    predicted and measured tokens/s alike, cancels: this is the number to hold against ``speedup``."""
-    ar = {r["dataset"]: r.get("predicted_tokens_per_s") for r in rows if r["method"] == "ar"}
-    return [r["predicted_tokens_per_s"] / ar[r["dataset"]]
-            if r.get("predicted_tokens_per_s") and ar.get(r["dataset"]) else None for r in rows]
 
 
 # ----------------------------------------------------------------------------- presets
@@ -496,9 +407,7 @@ def resolve_preset(name: str, overrides: Mapping | None = None) -> dict:
 
 
 def _check_settings(cfg: dict) -> None:
-    bad = [m for m in cfg["methods"] if m not in ALL_METHODS]
-    if bad:
-        raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(ALL_METHODS)}")
+    registry.check(cfg["methods"])
     if cfg["dtype"] not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {cfg['dtype']!r}")
     if not cfg["budgets"] or min(cfg["budgets"]) < 1:

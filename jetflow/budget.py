@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import metrics
 from .decode import _verify, generate
 from .proposers import make_proposer
 from .target import Target, keep_path
@@ -141,7 +142,7 @@ def calibrate(target: Target, method: str, prompts: Sequence, budgets: Sequence[
                                    temperature=temperature, seed=i).rounds]
         if not rounds:
             raise ValueError(f"calibration at budget {b} decoded no rounds; raise max_new_tokens")
-        tau[b] = sum(len(r.committed) for r in rounds) / len(rounds)
+        tau[b] = metrics.tau(rounds)
         draft[b] = statistics.median(r.draft_s for r in rounds)
         verify[b] = statistics.median(r.verify_s for r in rounds)
     return Calibration(tau, draft, verify)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .metrics import tau
 from .target import Target, keep_path
 from .tree import Tree
 from .verify import greedy_accept, sample_accept, tree_attention_mask
@@ -58,7 +59,7 @@ class Result:
     @property
     def tau(self) -> float:
         """Mean tokens committed per round, bonus included (METHOD.md section 1)."""
-        return sum(len(r.committed) for r in self.rounds) / max(len(self.rounds), 1)
+        return tau(self.rounds) or 0.0
 
     @property
     def tokens_per_s(self) -> float:

@@ -155,11 +155,9 @@ def check_compatible(head_config: HeadConfig, target_config) -> None:
 
 # ----------------------------------------------------------------------------- masks and positions
 def block_mask(n_ctx: int, block_size: int, causal: bool, device=None) -> torch.Tensor:
-    """(N, n_ctx + N) bool, True = may attend: one decoding block after ``n_ctx`` context rows."""
-    inner = torch.ones(block_size, block_size, dtype=torch.bool, device=device)
-    if causal:
-        inner = inner.tril()
-    return torch.cat([torch.ones(block_size, n_ctx, dtype=torch.bool, device=device), inner], dim=1)
+    """(Q, n_ctx + Q) bool, True = may attend: one decoding block after ``n_ctx`` context rows, i.e.
+    ``training_mask`` of the one block anchored at ``n_ctx`` (decoding and training share the mask)."""
+    return training_mask(torch.tensor([n_ctx], device=device), n_ctx, block_size, causal)
 
 
 def training_mask(anchors: torch.Tensor, seq_len: int, block_size: int, causal: bool) -> torch.Tensor:
@@ -317,6 +315,37 @@ class DraftHead(nn.Module):
             new = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(state.kv, new)]
         return HeadState(new, n_ctx + taps.shape[0])
 
+    # The block pass, one code path for decoding, training and replay: block rows [anchor, MASK x D]
+    # at positions anchor .. anchor + D, each block seeing the context rows before its anchor and itself.
+    def block_inputs(self, anchor_ids: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
+        """anchor_ids (A,) -> block-row embeddings (A, Q, H): each anchor's token, then D mask tokens."""
+        c = self.config
+        ids = torch.full((anchor_ids.numel(), c.block_size), c.mask_token_id, device=embed_weight.device)
+        ids[:, 0] = anchor_ids.to(embed_weight.device)
+        return F.embedding(ids, embed_weight)
+
+    def blocks(self, x: torch.Tensor, anchors: torch.Tensor, ctx_kv, n_ctx: int) -> torch.Tensor:
+        """x (A, Q, H) block rows of the blocks anchored at positions anchors (A,), over the per-layer
+        context K/V of ``n_ctx`` rows -> final states (A, D, H) of slots 1..D (head dtype)."""
+        a, q, device = anchors.numel(), self.config.block_size, self.fc.weight.device
+        anchors = anchors.to(device)
+        mask = training_mask(anchors, n_ctx, q, self.config.causal)[None]               # (1, A*Q, n_ctx+A*Q)
+        hidden = self(x.reshape(1, a * q, -1).to(device, self.dtype), block_positions(anchors, q)[None], ctx_kv, mask)
+        return hidden.view(a, q, -1)[:, 1:]
+
+    @torch.no_grad()
+    def draft_block(self, state: HeadState, anchor_token: int, embed_weight: torch.Tensor) -> torch.Tensor:
+        """Decoding: the block at the next anchor over the cached context -> (D, H)."""
+        x = self.block_inputs(torch.tensor([anchor_token]), embed_weight)
+        return self.blocks(x, torch.tensor([state.n_ctx]), state.kv, state.n_ctx)[0]
+
+    def sequence_blocks(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """Training and replay: every block of one sequence in one pass. taps (S, L, H) of the whole
+        sequence, block rows x (A, Q, H) (``block_inputs``), anchors (A,) -> (A, D, H)."""
+        n = taps.shape[0]
+        ctx_kv = self.context_kv(self.fuse(taps[None]), torch.arange(n, device=taps.device)[None])
+        return self.blocks(x, anchors, ctx_kv, n)
+
     def save_pretrained(self, directory, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (published DFlash layout) in ``dtype``."""
         out = Path(directory)
@@ -356,22 +385,11 @@ def _download(hub_id: str) -> Path:
 
 
 @torch.no_grad()
-def draft_hidden(head: DraftHead, state: HeadState, anchor_token: int, embed_weight: torch.Tensor) -> torch.Tensor:
-    """(N-1, H) final hidden states of slots 1..N-1 (head dtype): one pass over ``[anchor, MASK x (N-1)]``."""
-    c, n_ctx, device = head.config, state.n_ctx, head.fc.weight.device
-    ids = torch.tensor([anchor_token] + [c.mask_token_id] * (c.block_size - 1), device=embed_weight.device)
-    x = F.embedding(ids, embed_weight)[None].to(device, head.dtype)                  # (1, N, H)
-    positions = torch.arange(n_ctx, n_ctx + c.block_size, device=device)[None]        # (1, N)
-    mask = block_mask(n_ctx, c.block_size, c.causal, device=device)[None]             # (1, N, n_ctx+N)
-    return head(x, positions, state.kv, mask)[0, 1:]
-
-
-@torch.no_grad()
 def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.Embedding,
                lm_head: nn.Module) -> torch.Tensor:
     """(N-1, V) float32 log-probs for depths 1..N-1 over the whole vocabulary (-inf outside a reduced
     draft vocabulary). The decode loop's proposers use the faster ``HeadProposer.depth_logp``."""
-    hidden = draft_hidden(head, state, anchor_token, embed.weight)
+    hidden = head.draft_block(state, anchor_token, embed.weight)
     weight = head.output_weight(lm_head.weight)
     logp = torch.log_softmax(F.linear(hidden.to(weight.dtype), weight).float(), dim=-1)  # (N-1, K)
     vocab = head.vocab

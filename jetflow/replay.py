@@ -26,15 +26,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .bench import depth_accept, environment, tau, tau_hist, verify_tokens
+from .bench import environment
 from .bench import write as bench_write
 from .decode import Round, generate
-from .proposers import HEAD_METHODS, LOOKUP_MERGED, HeadProposer, LookupMerged, make_proposer
-from .train import BlockForward, target_pass
-from .tree import Tree, tree_builder
+from .metrics import depth_accept, tau, tau_hist, verify_tokens
+from . import methods as registry
+from .proposers import HeadProposer, LookupMerged, make_proposer
+from .tree import BUILDERS, Tree, tree_builder
 from .verify import greedy_accept
 
 REPLAY_NOTE = "replay: greedy rounds walked over one AR decode per prompt (tau only, no timing)"
@@ -90,23 +90,19 @@ def draft_table(proposer: HeadProposer, trace: Trace, k: int = 256, chunk: int =
     and with the same embedding and lm_head rows as ``HeadProposer.depth_logp``."""
     head, target = proposer.head, proposer.target
     ids = torch.tensor(trace.prompt_ids + trace.tokens)
-    n = head.config.block_size
-    _, taps = target_pass(target, ids.to(target.device), proposer.taps, logits=False)
+    _, taps = target.sequence_taps(ids.to(target.device), proposer.taps, logits=False)
     taps = taps.to(head.fc.weight.device)
     anchors = torch.arange(len(trace.prompt_ids), ids.numel() - 1)
-    blocks, logps, cols = BlockForward(head), [], []
+    logps, cols, depths = [], [], head.config.block_size - 1
     for part in anchors.split(chunk):
-        block_ids = torch.full((part.numel(), n), head.config.mask_token_id)
-        block_ids[:, 0] = ids[part]
-        x = F.embedding(block_ids.view(-1).to(proposer._embed.device), proposer._embed)
-        hidden = blocks(taps, x.to(taps.device), part.to(taps.device))                 # (a, D, H)
+        hidden = head.sequence_blocks(taps, head.block_inputs(ids[part], proposer.embed), part)  # (a, D, H)
         logp = proposer.logp(hidden)                                                    # (a, D, K)
         top, col = logp.topk(min(k, logp.shape[-1]), dim=-1)
         logps.append(top.cpu())
         cols.append(col.cpu())
-    col = torch.cat(cols) if cols else torch.zeros(0, n - 1, k, dtype=torch.long)
-    logp = torch.cat(logps) if logps else torch.zeros(0, n - 1, k)
-    return DraftTable(logp, col if proposer._vocab is None else proposer._vocab[col])
+    col = torch.cat(cols) if cols else torch.zeros(0, depths, k, dtype=torch.long)
+    logp = torch.cat(logps) if logps else torch.zeros(0, depths, k)
+    return DraftTable(logp, col if proposer.vocab is None else proposer.vocab[col])
 
 
 def walk(table: DraftTable, trace: Trace, build: Callable, budget: int, eos_ids,
@@ -139,30 +135,27 @@ def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Seque
     are tried for ``accum_logp`` (JetFlow). ``heads`` maps a head kind to its path (default: shipped).
     The head runs in ``draft_dtype``: fp32 by default, where replayed rounds equal decoded ones
     exactly (a bf16 head, as ``generate`` uses on this CPU, moves tau by about a hundredth)."""
-    unknown = [m for m in methods if m not in HEAD_METHODS and m not in LOOKUP_MERGED]
-    if unknown:
-        raise ValueError(f"replay covers the head methods {', '.join([*HEAD_METHODS, *LOOKUP_MERGED])}; "
-                         f"got {unknown}")
+    registry.check(methods, lambda m: m.head is not None, "head method")
     if not widths or any(w < 1 for w in widths):
         raise ValueError(f"widths must be >= 1, got {list(widths)}")
     if not budgets or any(b < 1 for b in budgets):
         raise ValueError(f"budgets must be >= 1, got {list(budgets)}")
     rows, env = [], environment(target)
-    spec = {m: HEAD_METHODS[LOOKUP_MERGED.get(m, m)] for m in methods}  # method -> (head kind, builder)
+    spec = {m: (registry.method(m).head, registry.method(m).builder) for m in methods}  # -> (head kind, builder)
     kinds = dict.fromkeys(kind for kind, _ in spec.values())
     k = max(max(budgets), max(widths))
     for kind in kinds:
         first = next(m for m in methods if spec[m][0] == kind)
-        proposer = make_proposer(LOOKUP_MERGED.get(first, first), target, head=(heads or {}).get(kind),
-                                 draft_dtype=draft_dtype)
+        proposer = make_proposer(first, target, head=(heads or {}).get(kind), draft_dtype=draft_dtype)
+        proposer = getattr(proposer, "inner", proposer)  # the head's own proposer, lookup merged or not
         for ds, traces in traces_by_dataset.items():
             tables = [draft_table(proposer, t, k) for t in
                       tqdm(traces, desc=f"draft {kind} {ds}", disable=not progress, leave=False)]
             for m in (m for m in methods if spec[m][0] == kind):
                 builder = spec[m][1]
-                lookup = LookupMerged(proposer) if m in LOOKUP_MERGED else None
-                for w in (widths if builder == "accum_logp" else (None,)):
-                    build = tree_builder(builder, w or 7)
+                lookup = LookupMerged(proposer) if registry.method(m).lookup_merged else None
+                for w in (widths if "width" in BUILDERS[builder].options else (None,)):
+                    build = tree_builder(builder, width=w)
                     for b in budgets:
                         rounds = [r for t, tab in zip(traces, tables)
                                   for r in walk(tab, t, build, b, target.eos_ids, lookup)]

@@ -17,13 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .bench import CHAIN_NOTE
+from .methods import names
+from .metrics import predicted_speedups
 
 ROOT = Path(__file__).resolve().parent.parent
 README, RESULTS = ROOT / "README.md", ROOT / "data" / "results"
 DATASET_NAMES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mt_bench": "MT-Bench",
                  "mbpp": "MBPP", "spec_bench": "Spec-Bench"}
-METHOD_ORDER = ("ar", "hf", "hf-lookup", "lookup", "dflash", "ddtree", "jetflow", "jetflow-bp", "ddtree+lookup",
-                "jetflow+lookup", "jetflow-bp+lookup")
+METHOD_ORDER = names()  # the registry's order
 
 
 def load(results: Path, *names: str) -> list[dict]:
@@ -109,7 +110,6 @@ def decoded(results: Path, names: Sequence[str], dataset: str) -> str:
 
 def speed_auto(results: Path, names: Sequence[str]) -> str:
     """bf16 speed at fixed budgets with the ``--budgets ...,auto`` pick marked and its prediction."""
-    from .bench import predicted_speedups
     rows = load(results, *names)
     for row, ratio in zip(rows, predicted_speedups(rows)):
         row["predicted_speedup"] = ratio
@@ -165,11 +165,14 @@ def grid(results: Path, names: Sequence[str]) -> str:
     return _md(["dataset", "method", *(f"budget {b}" for b in budgets)], body) + "\n\n" + _ar_line(rows)
 
 
-_REUSED = re.compile(re.escape(CHAIN_NOTE).replace(re.escape("{}"), r"(\d+)"))  # bench's note on a repeated budget
+_REUSED = re.compile(re.escape(CHAIN_NOTE).replace(re.escape("{}"), r"(\d+)"))  # the note of older rows
 
 
 def _reused(row: Mapping | None) -> int | None:
-    """The budget whose runs a row repeats (its trees stop growing before its own budget), else None."""
+    """The budget whose runs a row repeats (its trees stop growing before its own budget), else None:
+    the row's ``same_as_budget``, or in rows written before that field, the budget its note names."""
+    if row and "same_as_budget" in row:
+        return row["same_as_budget"]
     found = _REUSED.fullmatch((row or {}).get("note", ""))
     return int(found.group(1)) if found else None
 

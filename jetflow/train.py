@@ -46,7 +46,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from jetflow.data import load_regenerated
-from jetflow.head import DraftHead, HeadConfig, block_positions, init_from_target, training_mask
+from jetflow.metrics import simulated_tau
+from jetflow.head import DraftHead, HeadConfig, init_from_target
 from jetflow.target import DTYPES, load_target
 
 TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
@@ -189,27 +190,19 @@ def depth_accuracy(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor)
     return ((pred == truth) & valid).sum(0), valid.sum(0)
 
 
-def simulated_tau(acc) -> float:
-    """1 + sum_k prod_{i<=k} acc_i (METHOD.md section 4)."""
-    return 1.0 + float(torch.tensor(acc, dtype=torch.float64).cumprod(0).sum())
-
-
 # ----------------------------------------------------------------------------- the head pass
 class BlockForward(nn.Module):
-    """All blocks of one sequence through the head. One module, so that DDP (``accelerate launch``)
-    sees every trainable parameter (fc, hidden_norm, layers) used inside a single forward."""
+    """All blocks of one sequence through the head (``DraftHead.sequence_blocks``). One module, so that
+    DDP (``accelerate launch``) sees every trainable parameter (fc, hidden_norm, layers) used inside a
+    single forward."""
 
     def __init__(self, head: DraftHead):
         super().__init__()
         self.head = head
 
     def forward(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        """taps (S, L, H), block-row embeddings x (nb*N, H), anchors (nb,) -> hidden (nb, D, H)."""
-        head, S, n = self.head, taps.shape[0], self.head.config.block_size
-        ctx_kv = head.context_kv(head.fuse(taps[None]), torch.arange(S, device=taps.device)[None])
-        mask = training_mask(anchors, S, n, head.config.causal)[None]                  # (1, nb*N, S+nb*N)
-        hidden = head(x[None].to(head.dtype), block_positions(anchors, n)[None], ctx_kv, mask)
-        return hidden.view(anchors.numel(), n, -1)[:, 1:]
+        """taps (S, L, H), block rows x (A, Q, H), anchors (A,) -> hidden (A, D, H)."""
+        return self.head.sequence_blocks(taps, x, anchors)
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
@@ -219,28 +212,12 @@ def _unwrap(module: nn.Module) -> nn.Module:
 def block_logits(blocks: nn.Module, target, taps, ids, anchors) -> torch.Tensor:
     """(nb, D, K) fp32 logits of slots 1..D over the head's draft vocabulary (K = V without one),
     through the target's embedding and lm_head rows (detached)."""
-    c = _unwrap(blocks).head.config
-    block_ids = torch.full((anchors.numel(), c.block_size), c.mask_token_id, device=ids.device)
-    block_ids[:, 0] = ids[anchors]
-    x = F.embedding(block_ids.view(-1), target.model.get_input_embeddings().weight.detach())  # (nb*N, H)
-    hidden = blocks(taps, x, anchors)                                                   # (nb, D, H)
     head, lm = _unwrap(blocks).head, target.model.get_output_embeddings()
+    x = head.block_inputs(ids[anchors], target.model.get_input_embeddings().weight.detach())  # (A, Q, H)
+    hidden = blocks(taps, x, anchors)                                                   # (A, D, H)
     bias = None if getattr(lm, "bias", None) is None else head.output_weight(lm.bias.detach()[:, None])[:, 0]
     weight = head.output_weight(lm.weight.detach())                                     # (K, H)
     return F.linear(hidden.to(weight.dtype), weight, bias).float()
-
-
-def target_pass(target, ids: torch.Tensor, taps: tuple[int, ...], logits: bool = True
-                ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The frozen target over a whole sequence (S,): logits (S, V) fp32 (None when ``logits`` is False:
-    the decoder alone runs, skipping the lm_head) and taps (S, L, H), on ids' device."""
-    if logits:
-        step = target.forward(ids, target.new_cache(), taps=taps)
-        return step.logits.to(ids.device), step.taps.to(ids.device)
-    with torch.no_grad():
-        out = target.model.get_decoder()(input_ids=ids[None].to(target.device), use_cache=False,
-                                         output_hidden_states=True)
-    return None, torch.stack([out.hidden_states[l + 1][0] for l in taps], dim=1).to(ids.device)
 
 
 def draft_columns(head: DraftHead, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -260,7 +237,7 @@ def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0)
     over it."""
     head = _unwrap(blocks).head
     c = head.config
-    teacher_logits, taps = target_pass(target, ids, c.target_layer_ids, logits=cfg.loss == "kl")
+    teacher_logits, taps = target.sequence_taps(ids, c.target_layer_ids, logits=cfg.loss == "kl")
     logits = block_logits(blocks, target, taps, ids, anchors)                           # (nb, D, K)
     pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
     cols, known = draft_columns(head, ids)
@@ -282,7 +259,7 @@ def evaluate(head: DraftHead, target, seqs: list[tuple[torch.Tensor, int]], *, s
     correct = count = torch.zeros(c.block_size - 1, dtype=torch.long)
     for ids, p in seqs:
         ids = ids.to(head.fc.weight.device)
-        logits, taps = target_pass(target, ids, c.target_layer_ids)
+        logits, taps = target.sequence_taps(ids, c.target_layer_ids)
         greedy = logits.argmax(-1)                                                      # (S,)
         for anchors in torch.arange(p, ids.numel() - 1, stride, device=ids.device).split(chunk):
             pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
