@@ -20,12 +20,8 @@ Entry points
 - ``generate(target, prompt, proposer=None, *, budget, max_new_tokens, temperature=0.0, seed=None)
   -> Result`` (tokens, text, rounds, prefill/draft/verify seconds, tau, tokens_per_s);
   ``proposer=None`` is plain autoregressive decoding through the same seam.
-- ``make_proposer(method, target, head=None, draft_dtype=None)``: ``ar``, ``lookup``, ``random``, and
-  the head methods ``jetflow`` (causal head + accum_logp), ``dflash`` (bidirectional head + chain),
-  ``ddtree`` (bidirectional head + best_prefix), ``jetflow-bp`` (causal head + best_prefix, an
-  ablation), and ``jetflow+lookup`` / ``ddtree+lookup`` / ``jetflow-bp+lookup`` (the head's tree
-  with prompt-lookup branches merged in, ``LookupMerged``; beyond the paper); heads draft in bf16
-  where that is fast.
+- ``make_proposer(method, target, head=None, draft_dtype=None)``: a proposer for any method of the
+  registry (``jetflow.methods``, listed below; ``ar`` -> None); heads draft in bf16 where that is fast.
 - ``DraftHead`` / ``HeadConfig`` (``jetflow.head``): fused taps -> a few decoder layers with KV
   injection -> the target's frozen ``lm_head`` (optionally only its rows of a K-token draft
   vocabulary, ``head.vocab``); ``draft_logp(...) -> (D, V)``;
@@ -37,12 +33,18 @@ Entry points
   (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
   ``jetflow.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows).
+
+Methods (``jetflow.methods``, in report order):
+{methods}
 """
 from .decode import Result, Round, generate
+from .methods import describe as _describe_methods
 from .notebook import notebook_setup
 from .proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
 from .target import Target, load_target
 from .tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
+
+__doc__ = __doc__.replace("{methods}", _describe_methods())
 
 __all__ = ["Result", "Round", "generate", "LookupProposer", "OracleProposer", "RandomProposer",
            "make_proposer", "Target", "load_target", "Tree", "accum_logp", "ancestor_mask",

@@ -20,36 +20,39 @@ Long benches resume: with ``journal=FILE`` (the CLI's ``--out DIR`` uses ``DIR/r
 finished prompt is appended to FILE, and a rerun of the same command decodes only the prompts that are
 not there yet (``Journal``).
 
-``run_auto`` picks each tree method's budget with ``budget.py`` first. ``PRESETS`` name whole setups
-(``cpu``, ``qwen3-8b``); ``resolve_preset`` -> ``prompt_sets`` -> ``run_settings`` is the CLI path.
+``run_auto`` picks each tree method's budget with ``budget.py`` first. A ``BenchConfig`` is one whole
+setup and ``PRESETS`` name some (``cpu``, ``qwen3-8b``): ``BenchConfig.from_name`` -> ``prompt_sets`` ->
+``run_settings`` is the CLI path (``resolve_preset`` gives the same config as a dict). Which methods take a
+budget or run transformers' own generate comes from the method registry (``jetflow.methods``); the row
+statistics are ``jetflow.metrics`` and the tables ``jetflow.report``.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import astuple, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 import transformers
 from tqdm.auto import tqdm
 
-from .decode import generate
-from .metrics import RoundStat, predicted_speedups, summarize
 from . import methods as registry
+from .data import DATASETS
+from .decode import generate
+from .flags import comma_list, option
+from .metrics import RoundStat, predicted_speedups, summarize
+from .provenance import environment
+from .report import CHAIN_NOTE, HF_NOTE
+from .report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
+from .report import write_rows as write
 from .proposers import make_proposer
 from .target import DTYPES, Target
 
-CONVENTIONS = ("tau = mean tokens committed per round including the bonus token; budget = draft nodes "
-               "excluding the root; speedup = decode tokens/s over AR in the same run, prefill excluded")
-HF_NOTE = "transformers generate: prefill not separable, decode_s is the total time"
-CHAIN_NOTE = "its trees stop growing below this budget: the same runs as budget {}"
 
 
 @dataclass
@@ -69,27 +72,6 @@ class Run:
     def from_json(cls, d: Mapping) -> Run:
         return cls(list(d["tokens"]), d["decode_tokens"], d["decode_s"], d["prefill_s"],
                    [RoundStat(*r) for r in d["rounds"]])
-
-
-# ----------------------------------------------------------------------------- environment
-def hardware() -> str:
-    """CPU model and core count, plus the GPU name when CUDA is present."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = [l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                 if l.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    text = f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-    if torch.cuda.is_available():
-        text += f"; GPU {torch.cuda.get_device_name()}"
-    return text
-
-
-def environment(target: Target) -> dict:
-    return {"dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
-            "torch": torch.__version__, "transformers": transformers.__version__, "hardware": hardware()}
 
 
 # ----------------------------------------------------------------------------- running
@@ -352,134 +334,121 @@ def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets
     return rows
 
 
-# ----------------------------------------------------------------------------- presets
+# ----------------------------------------------------------------------------- settings
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
-PRESETS = {
-    "cpu": {  # the embedded SmolLM2-135M on this kind of machine (see FIELD_NOTES.md)
-        "model": None, "dtype": "float32", "device": None,  # fp32: greedy output must equal AR exactly
-        "methods": ("ar", "hf", "hf-lookup", "lookup", "jetflow", "dflash", "ddtree"),
-        "datasets": BENCHMARKS, "limit": 5, "max_new_tokens": 128, "budgets": (16, 32, 64), "auto": False,
-        "heads": {},  # empty: the heads shipped under data/heads
-        "temperature": 0.0, "chat_template_kwargs": {}, "prompts_file": None, "data_dir": None,
-    },
-    "qwen3-8b": {  # the paper's headline setting (METHOD.md section 7)
-        "model": "Qwen/Qwen3-8B", "dtype": "bfloat16", "device": "cuda",
-        "methods": ("ar", "dflash", "ddtree", "jetflow"),
-        "datasets": BENCHMARKS, "limit": None, "max_new_tokens": 3072, "budgets": (16, 32, 64, 128, 255),
-        "auto": False, "heads": {"jetflow": "JetSpec/jetspec-qwen3-8b", "dflash": "z-lab/Qwen3-8B-DFlash-b16"},
-        "temperature": 0.0, "chat_template_kwargs": {"enable_thinking": False}, "prompts_file": None,
-        "data_dir": None,
-    },
-}
 
 
-def _as_tuple(value) -> tuple:
-    return tuple(v.strip() for v in value.split(",") if v.strip()) if isinstance(value, str) else tuple(value)
+@dataclass(frozen=True)
+class BenchConfig:
+    """One bench: which methods, prompts and budgets on which target. Fields with ``option`` metadata are
+    the ``bench`` subcommand's flags; ``BenchConfig.from_name(preset, **overrides)`` starts from a preset.
+    Comma strings ("ar,lookup", "16,32") are accepted for the list fields."""
+    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
+    dtype: str = option("float32", "the target's dtype (fp32: greedy output must equal AR exactly)",
+                        choices=tuple(DTYPES))
+    device: str | None = None
+    methods: tuple[str, ...] = option(("ar", "hf", "hf-lookup", "lookup", "jetflow", "dflash", "ddtree"),
+                                      "comma list: " + ",".join(registry.names()))
+    datasets: tuple[str, ...] = option(BENCHMARKS, "comma list: " + ",".join(DATASETS))
+    limit: int | None = option(5, "first N prompts of each dataset")
+    max_new_tokens: int = option(128, "new tokens per answer")
+    budgets: tuple[int, ...] = option((16, 32, 64), "comma list, e.g. 16,32,64,128,255; 'auto' (pick among the "
+                                      "preset's budgets) or '8,16,32,auto' (pick among these, and run each of "
+                                      "them too for comparison)", parse=comma_list)
+    auto: bool | str = False      # True: each tree method at its predicted best budget; "compare": and every budget
+    heads: dict = field(default_factory=dict)  # head kind -> directory or hub id; empty: the shipped heads
+    temperature: float = 0.0
+    chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {"enable_thinking": False} for Qwen3
+    prompts_file: str | None = option(None, 'JSONL of {"id", "prompt"} per line (instead of --datasets)')
+    data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
+
+    def __post_init__(self):
+        for name in ("methods", "datasets", "budgets"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, comma_list(value) if isinstance(value, str) else tuple(value))
+        object.__setattr__(self, "budgets", tuple(int(b) for b in self.budgets))
+        _check_settings(self)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> BenchConfig:
+        """A preset with ``overrides`` applied (None values skipped). ``budgets`` may hold "auto" (auto=True,
+        candidates = the preset's budgets; with fixed budgets beside it auto="compare", these candidates, each
+        also run as a fixed budget); ``heads`` merge into the preset's heads."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+        base, changes = PRESETS[name], {}
+        known = [f.name for f in fields(cls)]
+        for key, value in overrides.items():
+            if key not in known:
+                raise ValueError(f"unknown setting {key!r}; settings are {', '.join(known)}")
+            if value is None:
+                continue
+            budgets = comma_list(value) if key == "budgets" and isinstance(value, str) else value
+            if key == "budgets" and "auto" in budgets:
+                fixed = tuple(b for b in budgets if b != "auto")
+                changes.update(auto="compare" if fixed else True, budgets=fixed or base.budgets)
+            elif key == "heads":
+                changes["heads"] = {**base.heads, **value}
+            else:
+                changes[key] = value
+        return replace(base, **changes)
 
 
 def resolve_preset(name: str, overrides: Mapping | None = None) -> dict:
-    """A preset's settings with ``overrides`` applied (None values are skipped), checked.
-
-    ``budgets`` may be a list, a comma string ("16,32"), "auto" (auto=True, candidates = the
-    preset's budgets) or "auto" among budgets ("8,16,32,auto": auto="compare", these candidates, each
-    also run as a fixed budget); ``heads`` overrides merge into the preset's heads.
-    """
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
-    cfg = copy.deepcopy(PRESETS[name])
-    for key, value in (overrides or {}).items():
-        if key not in cfg:
-            raise ValueError(f"unknown setting {key!r}; settings are {', '.join(cfg)}")
-        if value is None:
-            continue
-        if key == "budgets" and "auto" in _as_tuple(value):
-            fixed = [b for b in _as_tuple(value) if b != "auto"]
-            cfg["auto"] = "compare" if fixed else True
-            cfg["budgets"] = fixed or cfg["budgets"]
-        elif key == "heads":
-            cfg["heads"] = {**cfg["heads"], **value}
-        else:
-            cfg[key] = value
-    cfg["methods"], cfg["datasets"] = _as_tuple(cfg["methods"]), _as_tuple(cfg["datasets"])
-    cfg["budgets"] = tuple(int(b) for b in _as_tuple(cfg["budgets"]))
-    _check_settings(cfg)
-    return cfg
+    """``BenchConfig.from_name(name, **overrides)`` as a plain dict (notebooks print it)."""
+    return asdict(BenchConfig.from_name(name, **(overrides or {})))
 
 
-def _check_settings(cfg: dict) -> None:
-    registry.check(cfg["methods"])
-    if cfg["dtype"] not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {cfg['dtype']!r}")
-    if not cfg["budgets"] or min(cfg["budgets"]) < 1:
-        raise ValueError(f"budgets must be >= 1, got {cfg['budgets']}")
-    if cfg["max_new_tokens"] < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {cfg['max_new_tokens']}")
-    if cfg["limit"] is not None and cfg["limit"] < 1:
-        raise ValueError(f"limit must be >= 1, got {cfg['limit']}")
-    if cfg["temperature"] < 0:
-        raise ValueError(f"temperature must be >= 0, got {cfg['temperature']}")
-    if cfg["prompts_file"] is None:
-        from .data import DATASETS
-        bad = [d for d in cfg["datasets"] if d not in DATASETS]
+def _config(cfg: BenchConfig | Mapping) -> BenchConfig:
+    return cfg if isinstance(cfg, BenchConfig) else BenchConfig(**cfg)
+
+
+def _check_settings(cfg: BenchConfig) -> None:
+    registry.check(cfg.methods)
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
+    if not cfg.budgets or min(cfg.budgets) < 1:
+        raise ValueError(f"budgets must be >= 1, got {cfg.budgets}")
+    if cfg.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise ValueError(f"limit must be >= 1, got {cfg.limit}")
+    if cfg.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {cfg.temperature}")
+    if cfg.prompts_file is None:
+        bad = [d for d in cfg.datasets if d not in DATASETS]
         if bad:
             raise ValueError(f"unknown dataset(s) {bad}; choose from {', '.join(DATASETS)}")
 
 
-def prompt_sets(cfg: Mapping) -> dict[str, list[dict]]:
-    """dataset -> prompts for resolved settings: the prompts file (named by its stem) or the datasets."""
+PRESETS = {
+    # the embedded SmolLM2-135M on this kind of machine (see FIELD_NOTES.md); fp32: greedy output must equal AR
+    "cpu": BenchConfig(),
+    # the paper's headline setting (METHOD.md section 7)
+    "qwen3-8b": BenchConfig(model="Qwen/Qwen3-8B", dtype="bfloat16", device="cuda", methods=("ar", "dflash", "ddtree", "jetflow"),
+                            limit=None, max_new_tokens=3072, budgets=(16, 32, 64, 128, 255),
+                            heads={"jetflow": "JetSpec/jetspec-qwen3-8b", "dflash": "z-lab/Qwen3-8B-DFlash-b16"},
+                            chat_template_kwargs={"enable_thinking": False}),
+}
+
+
+def prompt_sets(cfg) -> dict[str, list[dict]]:
+    """dataset -> prompts of a config (a ``BenchConfig``, its dict, or anything with ``prompts_file``,
+    ``limit``, ``datasets`` and ``data_dir``): the prompts file (named by its stem) or the datasets."""
     from . import data
-    if cfg["prompts_file"] is not None:
-        return {Path(cfg["prompts_file"]).stem: data.load_prompts_file(cfg["prompts_file"])[:cfg["limit"]]}
-    return {d: data.load_prompts(d, limit=cfg["limit"], data_dir=cfg["data_dir"]) for d in cfg["datasets"]}
+    cfg = _config(cfg) if isinstance(cfg, Mapping) else cfg
+    if cfg.prompts_file is not None:
+        return {Path(cfg.prompts_file).stem: data.load_prompts_file(cfg.prompts_file)[:cfg.limit]}
+    return {d: data.load_prompts(d, limit=cfg.limit, data_dir=cfg.data_dir) for d in cfg.datasets}
 
 
-def run_settings(target: Target, cfg: Mapping, prompts_by_dataset, *, progress: bool = True,
+def run_settings(target: Target, cfg: BenchConfig | Mapping, prompts_by_dataset, *, progress: bool = True,
                  journal: str | os.PathLike | None = None) -> list[dict]:
-    """``run`` (or ``run_auto`` when ``cfg["auto"]``) with resolved settings."""
-    kwargs = dict(max_new_tokens=cfg["max_new_tokens"], heads=cfg["heads"], temperature=cfg["temperature"],
+    """``run`` (or ``run_auto`` when ``cfg.auto``) with a config's settings."""
+    cfg = _config(cfg)
+    kwargs = dict(max_new_tokens=cfg.max_new_tokens, heads=cfg.heads, temperature=cfg.temperature,
                   progress=progress, journal=journal)
-    if cfg["auto"]:
-        return run_auto(target, cfg["methods"], prompts_by_dataset, cfg["budgets"], compare=cfg["auto"] == "compare",
+    if cfg.auto:
+        return run_auto(target, cfg.methods, prompts_by_dataset, cfg.budgets, compare=cfg.auto == "compare",
                         **kwargs)
-    return run(target, cfg["methods"], prompts_by_dataset, cfg["budgets"], **kwargs)
-
-
-# ----------------------------------------------------------------------------- rendering
-def _fmt(value, digits: int = 2) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def to_markdown(rows: Sequence[dict]) -> str:
-    """A markdown table of the rows, the tau/budget/speedup conventions above it, the setup below."""
-    predicted = any("predicted_tokens_per_s" in r for r in rows)
-    head = ["method", "dataset", "budget", "n", "new tokens", "tau", "verify tokens", "prefill s", "decode s",
-            "tokens/s", *(["predicted tokens/s"] if predicted else []), "speedup",
-            *(["predicted speedup"] if predicted else []), "identical to AR"]
-    lines = [CONVENTIONS + ".", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r, ratio in zip(rows, predicted_speedups(rows)):
-        cells = [r["method"], r["dataset"], _fmt(r["budget"]), _fmt(r["n_prompts"]), _fmt(r["new_tokens"]),
-                 _fmt(r["tau"]), _fmt(r["verify_tokens"], 1), _fmt(r["prefill_s"]), _fmt(r["decode_s"]),
-                 _fmt(r["tokens_per_s"], 1), *([_fmt(r.get("predicted_tokens_per_s"), 1)] if predicted else []),
-                 _fmt(r["speedup"]) + ("x" if r["speedup"] is not None else ""),
-                 *([_fmt(ratio) + ("x" if ratio is not None else "")] if predicted else []),
-                 f"{r['identical_to_ar']}/{r['n_prompts']}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    if rows:
-        r = rows[0]
-        lines += ["", f"{r['dtype']} on {r['device']} ({r['hardware']}); torch {r['torch']}, "
-                      f"transformers {r['transformers']}."]
-    notes = sorted({f"{r['method']}: {r['note']}" for r in rows if r.get("note")})
-    lines += [f"- {n}" for n in notes]
-    return "\n".join(lines) + "\n"
-
-
-def write(rows: Sequence[dict], out_dir: str | os.PathLike, markdown=None) -> Path:
-    """Write ``rows.json`` (the list of rows) and ``table.md`` (``markdown(rows)``, default ``to_markdown``)
-    under ``out_dir``; returns the folder."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "rows.json").write_text(json.dumps(list(rows), indent=2) + "\n")
-    (out / "table.md").write_text((markdown or to_markdown)(rows))
-    return out
+    return run(target, cfg.methods, prompts_by_dataset, cfg.budgets, **kwargs)

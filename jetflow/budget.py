@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from . import metrics
-from .decode import _verify, generate
+from .decode import generate, verify_step
 from .proposers import make_proposer
 from .target import Target, keep_path
 from .tree import Tree, accum_logp
@@ -44,7 +44,7 @@ def random_tree(size: int, vocab_size: int, gen: torch.Generator, depths: int = 
 def _time_verify(target: Target, cache, tree: Tree, past_len: int) -> float:
     """Seconds for one verify step as the decode loop runs it: forward, accept, cache back to the prefix."""
     t0 = time.perf_counter()
-    _, step = _verify(target, tree, cache, ())
+    _, step = verify_step(target, tree, cache, ())
     greedy_accept(tree, step.logits)  # reads the logits back, which also waits for an accelerator
     keep_path(cache, past_len, [])
     return time.perf_counter() - t0

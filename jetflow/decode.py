@@ -101,7 +101,8 @@ def _root_only(anchor: int) -> Tree:
     return Tree.from_lists([anchor], [-1])
 
 
-def _verify(target: Target, tree: Tree, cache, taps: tuple[int, ...]):
+def verify_step(target: Target, tree: Tree, cache, taps: tuple[int, ...]):
+    """One verify forward of ``tree`` after the cached prefix -> (prefix length, Step)."""
     past = cache.get_seq_length()
     mask = None if len(tree) == 1 else tree_attention_mask(tree, past, target.dtype)
     return past, target.forward(tree.tokens, cache, positions=tree.depth + past, mask=mask, taps=taps)
@@ -134,7 +135,7 @@ def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new
         else:
             tree = proposer.propose(state, result.prompt_ids + out, new_taps, budget)
         t2 = time.perf_counter()
-        past, step = _verify(target, tree, cache, taps)
+        past, step = verify_step(target, tree, cache, taps)
         choice = step.logits.argmax(-1).tolist()  # the target's greedy pick at every node (kept in Round)
         if temperature == 0:
             path, bonus = greedy_accept(tree, step.logits, choice)

@@ -12,7 +12,8 @@
 
 A field's flag is ``--name-with-dashes`` unless ``flag`` names another (``flag=None``: reachable only
 through ``--set``); ``parse`` turns the flag's text into the field's value (default: from the field's
-type); a ``bool`` field with ``negate`` gets a pair of switches (``--causal`` / ``--bidirectional``).
+type); a ``bool`` field with ``negate=(flag, help)`` gets a pair of switches (``--causal`` /
+``--bidirectional``).
 The same metadata writes the reproducing command, so a flag and its command cannot drift apart.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+import types
 import typing
 from collections.abc import Callable, Sequence
 
@@ -27,7 +29,7 @@ _DASHES = object()  # the default flag: the field's name with dashes
 
 
 def option(default, help: str, *, flag: str | None | object = _DASHES, parse: Callable | None = None,
-           choices: Sequence | None = None, negate: str | None = None, metavar: str | None = None,
+           choices: Sequence | None = None, negate: tuple[str, str] | None = None, metavar: str | None = None,
            required: bool = False):
     """A dataclass field with a default, its help text and its command-line flag (see the module)."""
     meta = {"help": help, "flag": flag, "parse": parse, "choices": choices, "negate": negate,
@@ -53,8 +55,9 @@ def _parser_of(cls, f: dataclasses.Field) -> Callable[[str], object]:
     if f.metadata.get("parse"):
         return f.metadata["parse"]
     kind = typing.get_type_hints(cls)[f.name]
-    members = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
-    kind = typing.get_origin(members[0]) or members[0]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None -> X
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    kind = typing.get_origin(kind) or kind
     if kind is bool:
         return _bool
     if kind is tuple:
@@ -83,8 +86,8 @@ def add_flags(parser: argparse.ArgumentParser, cls, *, set_flag: bool = False) -
         if meta["negate"]:
             pair = parser.add_mutually_exclusive_group()
             pair.add_argument(flag, dest=f.name, action="store_const", const=True, default=None, help=meta["help"])
-            pair.add_argument(meta["negate"], dest=f.name, action="store_const", const=False,
-                              help=f"the opposite of {flag}")
+            off, off_help = meta["negate"]
+            pair.add_argument(off, dest=f.name, action="store_const", const=False, help=off_help)
             continue
         choices = list(meta["choices"]) if meta["choices"] else None
         parser.add_argument(flag, dest=f.name, default=None, choices=choices, metavar=meta["metavar"],
@@ -125,17 +128,19 @@ def _text(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
-def command_line(cfg, base, prefix: Sequence[str], *, skip: Sequence[str] = ()) -> str:
-    """``prefix`` plus the flags that turn ``base`` into ``cfg`` (fields in ``skip`` left out): a field's
-    own flag, else ``--set name=value``; a ``negate`` pair writes its switch."""
+def command_line(cfg, base, prefix: Sequence[str], *, skip: Sequence[str] = (),
+                 always: Sequence[str] = ()) -> str:
+    """``prefix`` plus the flags that turn ``base`` into ``cfg`` (fields in ``skip`` left out, fields in
+    ``always`` written even when equal): a field's own flag, else ``--set name=value``; a ``negate`` pair
+    writes its switch."""
     args = list(prefix)
     for f in flagged(type(cfg)):
         value = getattr(cfg, f.name)
-        if f.name in skip or value == getattr(base, f.name):
+        if f.name in skip or (value == getattr(base, f.name) and f.name not in always):
             continue
         flag = flag_of(f)
         if f.metadata["negate"]:
-            args.append(flag if value else f.metadata["negate"])
+            args.append(flag if value else f.metadata["negate"][0])
         elif flag is None:
             args += ["--set", f"{f.name}={_text(value)}"]
         else:

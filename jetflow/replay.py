@@ -22,22 +22,55 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from .bench import environment
-from .bench import write as bench_write
-from .decode import Round, generate
-from .metrics import depth_accept, tau, tau_hist, verify_tokens
 from . import methods as registry
+from .bench import BENCHMARKS
+from .data import DATASETS
+from .decode import Round, generate
+from .flags import comma_list, option
+from .metrics import depth_accept, tau, tau_hist, verify_tokens
 from .proposers import HeadProposer, LookupMerged, make_proposer
+from .provenance import environment
+from .report import REPLAY_NOTE, write_rows
+from .report import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
 from .tree import BUILDERS, Tree, tree_builder
 from .verify import greedy_accept
 
-REPLAY_NOTE = "replay: greedy rounds walked over one AR decode per prompt (tau only, no timing)"
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One replay: head methods x budgets (x widths) over the AR answers of these prompts. Fields with
+    ``option`` metadata are the ``replay`` subcommand's flags."""
+    methods: tuple[str, ...] = option(("jetflow", "ddtree", "dflash", "jetflow-bp"), "head methods, comma list: "
+                                      + ",".join(registry.names(lambda m: m.head is not None)))
+    datasets: tuple[str, ...] = option(BENCHMARKS, "comma list: " + ",".join(DATASETS))
+    budgets: tuple[int, ...] = option((16, 32, 64, 128, 255), "comma list")
+    widths: tuple[int, ...] = option((7,), "widths W to try for the builders that take one (accum_logp), comma list")
+    limit: int | None = option(5, "first N prompts of each dataset")
+    max_new_tokens: int = option(128, "new tokens of each AR answer")
+    prompts_file: str | None = option(None, 'JSONL of {"id", "prompt"} per line (instead of --datasets)')
+    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
+    data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
+    cache: str | None = option(None, "folder for the AR answers (resumable; default: the jetflow cache)")
+    heads: dict = field(default_factory=dict)  # head kind -> directory or hub id; empty: the shipped heads
+
+    def __post_init__(self):
+        for name in ("methods", "datasets", "budgets", "widths"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, comma_list(value) if isinstance(value, str) else tuple(value))
+        for name in ("budgets", "widths"):
+            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+        if self.prompts_file is None and any(d not in DATASETS for d in self.datasets):
+            raise ValueError(f"unknown dataset(s) {[d for d in self.datasets if d not in DATASETS]}; "
+                             f"choose from {', '.join(DATASETS)}")
+        if self.limit is not None and self.limit < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"limit and max_new_tokens must be >= 1, got {self.limit} and {self.max_new_tokens}")
 
 
 @dataclass
@@ -167,23 +200,6 @@ def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Seque
     return rows
 
 
-def to_markdown(rows: Sequence[dict]) -> str:
-    """tau table: one line per method (and width) x dataset, one column per budget."""
-    budgets = sorted({r["budget"] for r in rows})
-    lines = ["| method | width | dataset | " + " | ".join(f"B={b}" for b in budgets) + " |",
-             "|---|---|---|" + "---|" * len(budgets)]
-    cells: dict[tuple, dict[int, float]] = {}
-    for r in rows:
-        cells.setdefault((r["method"], r["width"], r["dataset"]), {})[r["budget"]] = r["tau"]
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    for (m, w, ds), by_b in sorted(cells.items(), key=lambda kv: datasets.index(kv[0][2])):
-        lines.append(f"| {m} | {w or '-'} | {ds} | " +
-                     " | ".join(f"{by_b[b]:.2f}" if by_b.get(b) is not None else "-" for b in budgets) + " |")
-    lines.append("\ntau = mean tokens committed per round including the bonus token; budget = draft nodes "
-                 "excluding the root; " + REPLAY_NOTE)
-    return "\n".join(lines) + "\n"
-
-
 def write(rows: Sequence[dict], out_dir: str | Path) -> Path:
     """``rows.json`` and the tau table (``table.md``) under ``out_dir``."""
-    return bench_write(rows, out_dir, to_markdown)
+    return write_rows(rows, out_dir, to_markdown)

@@ -31,12 +31,10 @@ import hashlib
 import itertools
 import json
 import math
-import shlex
 import shutil
-import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -45,48 +43,55 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from jetflow.data import load_regenerated
-from jetflow.metrics import simulated_tau
-from jetflow.head import DraftHead, HeadConfig, init_from_target
-from jetflow.target import DTYPES, load_target
-
-TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
-            "of the argmax at every depth (budget N-1 draft nodes, root excluded)")
-
+from .data import load_regenerated
+from .flags import command_line, option
+from .head import DraftHead, HeadConfig, init_from_target
+from .metrics import simulated_tau
+from .provenance import write_provenance
+from .target import DTYPES, load_target
 
 BUILTIN_INITS = ("target", "random")  # any other ``init`` names a trained head's directory (warm start)
 
 
+def _init_path(text: str) -> str:
+    """``--init``: a built-in init as given, a head directory made absolute (the command must work anywhere)."""
+    return text if text in BUILTIN_INITS else str(Path(text).resolve())
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    data: str = ""                # regenerated JSONL (python -m jetflow regenerate)
-    out: str = ""                 # output dir: checkpoint, history, head, provenance
-    model: str | None = None      # target: None = the embedded SmolLM2-135M-Instruct
-    dtype: str = "bfloat16"       # frozen target forward only; head params and AdamW stay fp32
-    causal: bool = True           # JetFlow; False = DFlash's bidirectional block
-    num_layers: int = 2           # draft decoder layers (= taps)
-    block_size: int = 16          # N: anchor + 15 draftable depths
-    gamma: float = 0.0            # depth weights exp(-(k-1)/gamma); 0 = uniform (JetFlow), DFlash uses 7
-    gamma_start: float | None = None  # depth curriculum: weights start at this gamma (e.g. 0.5: depth 1
-                                  # dominates) and move linearly to ``gamma``'s over ``curriculum`` x steps
-    curriculum: float = 0.5       # fraction of the steps the curriculum takes (with gamma_start only)
-    loss: str = "kl"              # "kl": forward KL to the target's distribution; "ce": regenerated tokens
-    anchors_per_seq: int = 512    # random anchors inside each response (paper: up to 512)
-    seqs_per_step: int = 16       # sequences per optimiser step (accumulated, split across processes)
-    steps: int = 300_000          # ~800K examples x 6 epochs / 16
-    lr: float = 3e-4              # peak AdamW lr, weight decay 0
-    warmup: float = 0.04          # warmup fraction of the steps, then cosine to 0
-    grad_clip: float = 1.0
-    max_len: int = 3072           # truncate prompt + response
-    init: str = "target"          # "target": init_from_target; "random" stalls (FIELD_NOTES.md); or a
-                                  # trained head's directory: warm start (continued training) from it
-    draft_vocab: int = 0          # K > 0: draft only the K most frequent response tokens of the training
-                                  # data (plus EOS): a K-row lm_head, cheaper to train and to draft with
-    seed: int = 0
-    eval_every: int = 1000        # steps between evaluations (step 0 and the last step always)
-    eval_seqs: int = 64           # held out: the last eval_seqs rows of the file, never trained on
-    eval_stride: int = 1          # evaluation anchors at every eval_stride-th response position
-    save_every: int = 1000        # steps between checkpoints (the last step always)
+    """One training run. Each field's help and flag (``--name``, or ``--set name=value`` for fields
+    without one) are its metadata: the ``train`` subcommand and ``command_for`` are generated from it."""
+    data: str = option("", "regenerated JSONL (python -m jetflow regenerate)", required=True)
+    out: str = option("", "output dir (checkpoint, history, head, provenance); rerunning resumes from its "
+                      "checkpoint", required=True)
+    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2-135M-Instruct)")
+    dtype: str = option("bfloat16", "the frozen target forward's dtype; head params and AdamW stay fp32", flag=None)
+    causal: bool = option(True, "JetFlow's causal block (the default)", negate=("--bidirectional", "DFlash's bidirectional block"))
+    num_layers: int = option(2, "draft decoder layers (= taps)", flag=None)
+    block_size: int = option(16, "Q: the anchor + Q-1 draftable depths", flag=None)
+    gamma: float = option(0.0, "depth weights exp(-(k-1)/gamma); 0 = uniform (JetFlow), DFlash uses 7")
+    gamma_start: float | None = option(None, "depth curriculum: start from this gamma's weights (e.g. 0.5: "
+                                       "depth 1 dominates) and move to --gamma's")
+    curriculum: float = option(0.5, "fraction of the steps the curriculum takes (with --gamma-start only)")
+    loss: str = option("kl", "kl: forward KL to the target's distribution; ce: the regenerated tokens",
+                       choices=("kl", "ce"))
+    anchors_per_seq: int = option(512, "random anchors inside each response (paper: up to 512)", flag="--anchors")
+    seqs_per_step: int = option(16, "sequences per optimiser step (accumulated, split across processes)")
+    steps: int = option(300_000, "optimiser steps (the paper: ~800K examples x 6 epochs / 16)")
+    lr: float = option(3e-4, "peak AdamW lr, weight decay 0")
+    warmup: float = option(0.04, "warmup fraction of the steps, then cosine to 0", flag=None)
+    grad_clip: float = option(1.0, "gradient norm clip", flag=None)
+    max_len: int = option(3072, "truncate prompt + response to this many tokens", flag=None)
+    init: str = option("target", "target (init_from_target) | random (stalls) | a trained head's directory "
+                       "to continue training from", parse=_init_path)
+    draft_vocab: int = option(0, "draft only the K most frequent response tokens of the data, plus EOS "
+                              "(0 = whole vocabulary): a K-row lm_head, cheaper to train and to draft with")
+    seed: int = option(0, "seed of the data order, the anchors and the head's init")
+    eval_every: int = option(1000, "steps between evaluations (step 0 and the last step always)")
+    eval_seqs: int = option(64, "held out: the last eval_seqs rows of the file, never trained on", flag=None)
+    eval_stride: int = option(1, "evaluation anchors at every eval_stride-th response position", flag=None)
+    save_every: int = option(1000, "steps between checkpoints (the last step always)")
     preset: str = "paper"         # the preset this config started from (for the reproducing command)
 
     def __post_init__(self):
@@ -527,76 +532,10 @@ def read_history(run: Run, step: int) -> list[dict]:
     return rows
 
 
-# ----------------------------------------------------------------------------- provenance
-CLI_FLAGS = {"init": "--init", "draft_vocab": "--draft-vocab", "model": "--model", "gamma": "--gamma", "gamma_start": "--gamma-start", "curriculum": "--curriculum", "loss": "--loss", "steps": "--steps", "lr": "--lr",
-             "anchors_per_seq": "--anchors", "seqs_per_step": "--seqs-per-step", "eval_every": "--eval-every",
-             "save_every": "--save-every", "seed": "--seed"}
-
-
+# ----------------------------------------------------------------------------- the reproducing command
 def command_for(cfg: TrainConfig) -> str:
     """The ``python -m jetflow train`` line that rebuilds ``cfg``: its preset plus each field that
-    differs from it (fields without a flag of their own through ``--set key=value``)."""
-    args = ["python", "-m", "jetflow", "train", "--data", str(Path(cfg.data).resolve()),
-            "--out", str(Path(cfg.out).resolve()), "--preset", cfg.preset]
-    base = TrainConfig.from_name(cfg.preset)
-    for name, value in ((f.name, getattr(cfg, f.name)) for f in fields(cfg)):
-        if name in ("data", "out", "preset") or value == getattr(base, name):
-            continue
-        if name == "causal":
-            args.append("--causal" if value else "--bidirectional")
-        else:
-            args += [CLI_FLAGS[name], str(value)] if name in CLI_FLAGS else ["--set", f"{name}={value}"]
-    return shlex.join(args)
-
-
-def parse_set(cfg: TrainConfig, items: list[str]) -> TrainConfig:
-    """Apply ``--set key=value`` overrides, each typed like the field's current value."""
-    names = sorted({f.name for f in fields(cfg)} - {"data", "out", "preset", "model"})
-    changes = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in names:
-            raise ValueError(f"--set expects key=value with key one of {names}, got {item!r}")
-        kind = type(getattr(cfg, key))
-        if kind is bool and raw.lower() not in ("true", "false"):
-            raise ValueError(f"--set {key} expects true or false, got {raw!r}")
-        changes[key] = raw.lower() == "true" if kind is bool else kind(raw)
-    return dataclasses.replace(cfg, **changes)
-
-
-def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) -> dict:
-    """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
-    import transformers
-    cfg, path = run.cfg, Path(run.cfg.data)
-    data = {"file": path.name, "path": str(path.resolve()),
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "sequences": len(rows),
-            "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
-            "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
-    meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`
-    data["command"] = json.loads(meta.read_text()).get("command") if meta.is_file() else None
-    prov = {"command": command_for(cfg), "lineage": lineage(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
-            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": asdict(cfg),
-            "final": {"acc": last["acc"], "sim_tau": last["sim_tau"], "eval_step": last["step"]},
-            "tau_convention": TAU_NOTE, "versions": {"torch": torch.__version__,
-                                                     "transformers": transformers.__version__,
-                                                     "python": sys.version.split()[0]}}
-    (run.out / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
-    acc = prov["final"]["acc"]
-    (run.out / "PROVENANCE.md").write_text("\n".join([
-        "# Draft head training run", "",
-        *(["Warm-started (`--init`) from a head that these commands train, oldest first:", "", "```",
-           *prov["lineage"], "```", ""] if prov["lineage"] else []),
-        "Reproduce with:", "", "```", prov["command"], "```", "",
-        *([f"The data file comes from (`JETFLOW_DATA_DIR` names the prompt sets; outputs of batched bf16 "
-           f"greedy decoding can differ in rare tokens between machines):", "", "```", data["command"], "```", ""]
-          if data["command"] else []),
-        f"- data: `{data['file']}` (sha256 `{data['sha256']}`), {data['sequences']} sequences "
-        f"({data['train_sequences']} trained on, {data['eval_sequences']} held out); mix {data['mix']}",
-        f"- tokens: {state.tokens}",
-        f"- {state.step} steps, {prov['wall_time_s']} s wall time, seed {cfg.seed}",
-        f"- versions: {prov['versions']}",
-        f"- simulated tau **{last['sim_tau']:.3f}** at step {last['step']} ({TAU_NOTE})", "",
-        "| depth | " + " | ".join(map(str, range(1, len(acc) + 1))) + " |", "|---|" + "---|" * len(acc),
-        "| accuracy | " + " | ".join(f"{a:.3f}" for a in acc) + " |", "",
-        "Config:", "", "```json", json.dumps(asdict(cfg), indent=2), "```", ""]))
-    return prov
+    differs from it, written from the fields' flag metadata (``--set key=value`` where a field has none)."""
+    prefix = ["python", "-m", "jetflow", "train", "--data", str(Path(cfg.data).resolve()),
+              "--out", str(Path(cfg.out).resolve()), "--preset", cfg.preset]
+    return command_line(cfg, TrainConfig.from_name(cfg.preset), prefix, skip=("data", "out"))

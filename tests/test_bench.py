@@ -7,7 +7,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from jetflow import bench, metrics
+from jetflow import bench, metrics, report
 from metrics_cases import HAND_ROUNDS
 from jetflow.decode import Round
 from jetflow.proposers import LookupProposer
@@ -70,7 +70,7 @@ def test_run_rows_on_tiny_model(target, tmp_path):
     assert hf["tau"] is None and hf["prefill_s"] is None and "note" in hf
 
     md = bench.to_markdown(rows)
-    assert md.startswith(bench.CONVENTIONS) and md.count("| lookup |") == 4 and "hf: " in md
+    assert md.startswith(report.CONVENTIONS) and md.count("| lookup |") == 4 and "hf: " in md
     out = bench.write(rows, tmp_path / "res")
     assert json.loads((out / "rows.json").read_text())[1]["budget"] == 2
     assert (out / "table.md").read_text() == md
@@ -269,7 +269,7 @@ def test_qwen3_preset_values():
     assert cfg["budgets"] == (16, 32, 64, 128, 255) and cfg["auto"] is False
     assert cfg["datasets"] == ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
     assert cfg["chat_template_kwargs"] == {"enable_thinking": False}
-    assert bench.PRESETS["qwen3-8b"]["heads"]["jetflow"] == "JetSpec/jetspec-qwen3-8b"
+    assert bench.PRESETS["qwen3-8b"].heads["jetflow"] == "JetSpec/jetspec-qwen3-8b"
 
 
 @pytest.mark.parametrize("overrides, key, want", [

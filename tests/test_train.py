@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from jetflow.cli import build_parser, main
-from jetflow.cli_extra import train_config
+from jetflow.cli import train_config
 from jetflow.head import DraftHead
 from jetflow.target import Target
 from jetflow.metrics import simulated_tau
