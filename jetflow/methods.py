@@ -62,6 +62,8 @@ _REGISTRY = (
     Method("jetflow", "causal head + accum_logp (JetFlow's Algorithm 1)", head="jetflow", builder="accum_logp"),
     Method("jetflow-bp", "causal head + best_prefix: tells the head's share of a JetFlow/DDTree gap from "
            "the tree builder's", head="jetflow", builder="best_prefix", beyond_paper=True),
+    Method("jetflow-chain", "causal head + chain: only its argmax path, against dflash's chain", head="jetflow",
+           builder="chain", beyond_paper=True),
     Method("ddtree+lookup", "ddtree's tree with prompt-lookup branches merged in", head="dflash",
            builder="best_prefix", lookup_merged=True, beyond_paper=True),
     Method("jetflow+lookup", "jetflow's tree with prompt-lookup branches merged in", head="jetflow",
