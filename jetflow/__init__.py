@@ -1,7 +1,8 @@
 """jetflow: speculative decoding with a causal parallel draft head and tree drafting.
 
-Dimension legend: B batch, T context tokens, L taps, H hidden, D depth (= block size - 1),
-W width, N tree nodes (root excluded; the budget), V vocabulary.
+Dimension legend (one meaning per letter): B batch, T context tokens, S sequence tokens, L taps,
+H hidden, Q block size (the anchor + D mask slots), D depth (= Q - 1), A anchors, W width, N tree nodes
+(root excluded; the budget), K draft vocabulary, V vocabulary.
 Conventions: tau = mean tokens committed per round including the bonus token; budget = draft
 nodes excluding the root (the target verifies budget + 1 tokens); speedup = decode tokens/s over
 plain autoregressive decoding on the same target, prompts, hardware and dtype, prefill excluded.

@@ -12,7 +12,7 @@ prefill is excluded and reported apart. ``hf`` and ``hf-lookup`` time transforme
 ``generate`` (plain greedy or sampling; ``prompt_lookup_num_tokens=10``), where prefill cannot be
 separated: their decode_s is the total time and their tokens/s counts every new token.
 
-A proposer whose trees stop growing at ``max_drafts`` nodes (a ``dflash`` chain: N-1; ``lookup``: its
+A proposer whose trees stop growing at ``max_drafts`` nodes (a ``dflash`` chain: D = Q-1; ``lookup``: its
 matches x length) runs once for all budgets past that size; those rows share the runs (and say so in
 ``note``) instead of decoding identical trees again.
 
@@ -104,7 +104,7 @@ def configs(target: Target, methods: Sequence[str], budgets, heads=None) -> list
 
 
 def _effective_budget(method: str, proposer, budget: int) -> int:
-    """Budgets past the proposer's ``max_drafts`` (a chain: N-1; lookup: matches x length) draft the
+    """Budgets past the proposer's ``max_drafts`` (a chain: D = Q-1; lookup: matches x length) draft the
     same trees."""
     cap = getattr(proposer, "max_drafts", None)
     return budget if cap is None else min(budget, cap)

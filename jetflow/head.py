@@ -1,7 +1,7 @@
 """The parallel draft head (METHOD.md sections 2-3): fused target taps in, one block of drafts out.
 
 A few Qwen3-style decoder layers of the target's width. Queries come from the block rows
-``[anchor, MASK x (N-1)]`` only; keys/values are the concatenation of k/v projections of the
+``[anchor, MASK x D]`` only; keys/values are the concatenation of k/v projections of the
 *context features* (fused target taps, one row per committed token) and of the block rows
 ("KV injection"). The head owns no embedding and no LM head: the target's frozen ones are passed
 in. ``causal=True`` is JetFlow (slot j sees slots 0..j), ``causal=False`` is DFlash (the whole block).
@@ -10,7 +10,8 @@ The module only holds parameters. Decoding state lives in ``HeadState`` (cached 
 grown by ``DraftHead.extend`` and read by ``draft_logp``. Training uses ``training_mask`` to run
 many blocks of one sequence in a single pass.
 
-Dimensions: B batch, T context rows, L taps, H hidden, Q block rows, N block size, V vocab.
+Dimensions (the package legend): B batch, T context rows, L taps, H hidden, Q block size, D = Q - 1
+depths, A anchors, K draft vocabulary, V vocabulary.
 Checkpoints use the published DFlash/JetSpec layout (a Qwen3 ``config.json`` plus ``block_size``,
 ``num_target_layers``, ``dflash_config``; ``model.safetensors`` keyed ``layers.{i}.*``, ``fc``,
 ``hidden_norm``, ``norm``), so ``z-lab/Qwen3-8B-DFlash-b16`` and ``JetSpec/jetspec-qwen3-8b`` load.
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from jetflow.target import tap_layers
+from .target import tap_layers
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
@@ -42,10 +43,10 @@ class HeadConfig:
     rms_norm_eps: float
     rope_theta: float                 # plain RoPE; the head's positions need no target scaling
     vocab_size: int
-    block_size: int = 16              # N: anchor + N-1 draftable depths
+    block_size: int = 16              # Q: anchor + D = Q-1 draftable depths
     target_layer_ids: tuple[int, ...] = ()  # tapped target layers: hidden_states[l + 1]
     num_target_layers: int = 0
-    mask_token_id: int = 0            # embedded into the N-1 slots after the anchor
+    mask_token_id: int = 0            # embedded into the D slots after the anchor
     causal: bool = True               # JetFlow; False = DFlash's bidirectional block
     draft_vocab_size: int = 0         # K > 0: the head drafts only K token ids (buffer ``draft_vocab``,
                                       # read from the training data), scored by those rows of lm_head
@@ -161,22 +162,22 @@ def block_mask(n_ctx: int, block_size: int, causal: bool, device=None) -> torch.
 
 
 def training_mask(anchors: torch.Tensor, seq_len: int, block_size: int, causal: bool) -> torch.Tensor:
-    """(nb*N, seq_len + nb*N) bool for all blocks of one sequence in one pass.
+    """(A*Q, seq_len + A*Q) bool for all A blocks of one sequence in one pass.
 
     Block b (anchor position ``anchors[b]``) sees context rows strictly before its anchor (the
     anchor's own hidden state does not exist at decode time), its own slots, no other block."""
     nb, n = anchors.numel(), block_size
     rows = torch.arange(nb * n, device=anchors.device)
-    start = anchors.reshape(-1).repeat_interleave(n)                                  # (nb*N,)
-    ctx = torch.arange(seq_len, device=anchors.device)[None] < start[:, None]         # (nb*N, S)
-    inner = (rows[:, None] // n) == (rows[None] // n)                                 # (nb*N, nb*N)
+    start = anchors.reshape(-1).repeat_interleave(n)                                  # (A*Q,)
+    ctx = torch.arange(seq_len, device=anchors.device)[None] < start[:, None]         # (A*Q, S)
+    inner = (rows[:, None] // n) == (rows[None] // n)                                 # (A*Q, A*Q)
     if causal:
         inner &= rows[None] <= rows[:, None]
     return torch.cat([ctx, inner], dim=1)
 
 
 def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
-    """(nb*N,) long: block b slot j sits at position ``anchors[b] + j``."""
+    """(A*Q,) long: block b slot j sits at position ``anchors[b] + j``."""
     return (anchors.reshape(-1, 1) + torch.arange(block_size, device=anchors.device)).reshape(-1)
 
 
@@ -387,11 +388,11 @@ def _download(hub_id: str) -> Path:
 @torch.no_grad()
 def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.Embedding,
                lm_head: nn.Module) -> torch.Tensor:
-    """(N-1, V) float32 log-probs for depths 1..N-1 over the whole vocabulary (-inf outside a reduced
+    """(D, V) float32 log-probs for depths 1..D over the whole vocabulary (-inf outside a reduced
     draft vocabulary). The decode loop's proposers use the faster ``HeadProposer.depth_logp``."""
     hidden = head.draft_block(state, anchor_token, embed.weight)
     weight = head.output_weight(lm_head.weight)
-    logp = torch.log_softmax(F.linear(hidden.to(weight.dtype), weight).float(), dim=-1)  # (N-1, K)
+    logp = torch.log_softmax(F.linear(hidden.to(weight.dtype), weight).float(), dim=-1)  # (D, K)
     vocab = head.vocab
     if vocab is None:
         return logp

@@ -163,14 +163,14 @@ class HeadProposer:
 
     @property
     def max_drafts(self) -> int | None:
-        """A chain holds at most N-1 drafts; trees grow with the budget (None)."""
+        """A chain holds at most D = Q-1 drafts (block size Q); trees grow with the budget (None)."""
         return self.head.config.block_size - 1 if self.builder == "chain" else None
 
     def start(self, prompt_ids) -> HeadDraftState:
         return HeadDraftState()
 
     def depth_logp(self, state: HeadDraftState, tokens, new_taps) -> torch.Tensor:
-        """(N-1, K) fp32 draft log-probs for depths 1..N-1 after feeding the new taps; column i is
+        """(D, K) fp32 draft log-probs for depths 1..D after feeding the new taps; column i is
         token ``head.vocab[i]`` (token i when the head drafts the whole vocabulary, K = V)."""
         state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))
         return self.logp(self.head.draft_block(state.head, tokens[-1], self.embed))

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .train import Progress, Run
 
 TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
-            "of the argmax at every depth (budget N-1 draft nodes, root excluded)")
+            "of the argmax at every depth (a budget of D = Q-1 draft nodes, root excluded)")
 
 
 def environment(target) -> dict:

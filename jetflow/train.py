@@ -5,9 +5,9 @@
                                 #       provenance.json, PROVENANCE.md; rerunning resumes exactly
 
 Per sequence ids (S,) = prompt + regenerated response: one frozen target forward gives the taps
-(S, L, H) and the teacher logits (S, V); nb random anchors inside the response each open a block
-``[anchor, MASK x (N-1)]``; the head runs all blocks in one pass under ``training_mask``, and the
-target's frozen lm_head turns slots 1..D (D = N-1) into logits (nb, D, V). Slot k of the block at
+(S, L, H) and the teacher logits (S, V); A random anchors inside the response each open a block
+``[anchor, MASK x D]``; the head runs all blocks in one pass under ``training_mask``, and the
+target's frozen lm_head turns slots 1..D (D = Q-1, Q the block size) into logits (A, D, V). Slot k of the block at
 anchor a predicts token a+k (teacher: target logits at a+k-1); slots past the end are masked; depth k
 weighs exp(-(k-1)/gamma) (gamma 0 = uniform).
 
@@ -47,6 +47,7 @@ from .data import load_regenerated
 from .flags import command_line, option
 from .head import DraftHead, HeadConfig, init_from_target
 from .metrics import simulated_tau
+from .objective import curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets
 from .provenance import write_provenance
 from .target import DTYPES, load_target
 
@@ -131,25 +132,7 @@ PRESETS = {
 }
 
 
-# ----------------------------------------------------------------------------- pure pieces
-def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:
-    """(D,) w_k = exp(-(k-1)/gamma) for depths k = 1..D; gamma 0 = uniform."""
-    if gamma == 0:
-        return torch.ones(n_depths)
-    return torch.exp(-torch.arange(n_depths, dtype=torch.float32) / gamma)
-
-
-def curriculum_weights(n_depths: int, cfg: "TrainConfig", step: int) -> torch.Tensor:
-    """(D,) depth weights at ``step``: gamma's, or with ``gamma_start`` a linear blend that moves from
-    gamma_start's weights to gamma's over the first ``curriculum`` fraction of the steps. Early in
-    training the deep, nearly unpredictable depths otherwise swamp depth 1 (FIELD_NOTES.md)."""
-    final = depth_weights(n_depths, cfg.gamma)
-    if cfg.gamma_start is None:
-        return final
-    s = min(1.0, step / max(1.0, cfg.curriculum * cfg.steps))
-    return (1 - s) * depth_weights(n_depths, cfg.gamma_start) + s * final
-
-
+# ----------------------------------------------------------------------------- schedule and anchors
 def lr_factor(step: int, steps: int, warmup: float) -> float:
     """Linear warmup over round(warmup * steps) steps (at least 1), then cosine to 0 at ``steps``."""
     w = max(1, round(warmup * steps))
@@ -159,40 +142,9 @@ def lr_factor(step: int, steps: int, warmup: float) -> float:
 
 
 def sample_anchors(prompt_len: int, seq_len: int, k: int, generator: torch.Generator) -> torch.Tensor:
-    """(nb,) sorted distinct anchors in [prompt_len, seq_len - 2], nb = min(k, available): response
+    """(A,) sorted distinct anchors in [prompt_len, seq_len - 2], A = min(k, available): response
     tokens with a successor (at decode time the first anchor is position prompt_len)."""
     return (torch.randperm(seq_len - 1 - prompt_len, generator=generator)[:k] + prompt_len).sort().values
-
-
-def slot_targets(anchors: torch.Tensor, seq_len: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """pos (nb, D) = anchor + k, the position slot k predicts (clamped); valid (nb, D) = pos < seq_len."""
-    pos = anchors[:, None] + torch.arange(1, block_size, device=anchors.device)
-    return pos.clamp(max=seq_len - 1), pos < seq_len
-
-
-def slot_losses(logits: torch.Tensor, pos: torch.Tensor, kind: str, ids: torch.Tensor,
-                teacher_logits: torch.Tensor | None = None) -> torch.Tensor:
-    """(nb, D) loss of logits (nb, D, K); slot (b, k) predicts ids[pos[b, k]], ids given as columns of
-    the logits (draft-vocabulary indices). "ce": -log q(ids[pos]); "kl": KL(p || q), p = the teacher at
-    pos - 1 (teacher_logits (S, K), same columns). The teacher's softmax and entropy are taken once per
-    position (S rows), not once per slot (nb*D rows, ~2.7x more here)."""
-    logq = torch.log_softmax(logits.float(), dim=-1)                                    # (nb, D, V)
-    if kind == "ce":
-        return -logq.gather(-1, ids[pos][..., None])[..., 0]
-    logp = torch.log_softmax(teacher_logits.float(), dim=-1)                            # (S, V)
-    p = logp.exp()
-    return (p * logp).sum(-1)[pos - 1] - (p[pos - 1] * logq).sum(-1)
-
-
-def masked_mean(per_slot: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Depth-weighted mean over valid slots; invalid slots (even NaN ones) contribute nothing."""
-    w = weights.to(per_slot.device)[None] * valid                                       # (nb, D)
-    return torch.where(valid, per_slot, 0.0).mul(w).sum() / w.sum().clamp(min=1e-12)
-
-
-def depth_accuracy(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """pred, truth, valid (nb, D) -> correct (D,), count (D,) over valid slots."""
-    return ((pred == truth) & valid).sum(0), valid.sum(0)
 
 
 # ----------------------------------------------------------------------------- the head pass
@@ -215,7 +167,7 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 
 def block_logits(blocks: nn.Module, target, taps, ids, anchors) -> torch.Tensor:
-    """(nb, D, K) fp32 logits of slots 1..D over the head's draft vocabulary (K = V without one),
+    """(A, D, K) fp32 logits of slots 1..D over the head's draft vocabulary (K = V without one),
     through the target's embedding and lm_head rows (detached)."""
     head, lm = _unwrap(blocks).head, target.model.get_output_embeddings()
     x = head.block_inputs(ids[anchors], target.model.get_input_embeddings().weight.detach())  # (A, Q, H)
@@ -225,17 +177,6 @@ def block_logits(blocks: nn.Module, target, taps, ids, anchors) -> torch.Tensor:
     return F.linear(hidden.to(weight.dtype), weight, bias).float()
 
 
-def draft_columns(head: DraftHead, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids -> (column in the head's draft vocabulary, clamped to 0 outside it; in-vocabulary mask)."""
-    vocab = head.vocab
-    if vocab is None:
-        return ids, torch.ones_like(ids, dtype=torch.bool)
-    index = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
-    index[vocab.to(ids.device)] = torch.arange(vocab.numel(), device=ids.device)
-    cols = index[ids]
-    return cols.clamp(min=0), cols >= 0
-
-
 def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0) -> tuple[torch.Tensor, int]:
     """Depth-weighted loss of all blocks of one sequence, and its number of supervised slots. With a
     draft vocabulary, "ce" skips slots whose token lies outside it and "kl" renormalises the teacher
@@ -243,7 +184,7 @@ def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0)
     head = _unwrap(blocks).head
     c = head.config
     teacher_logits, taps = target.sequence_taps(ids, c.target_layer_ids, logits=cfg.loss == "kl")
-    logits = block_logits(blocks, target, taps, ids, anchors)                           # (nb, D, K)
+    logits = block_logits(blocks, target, taps, ids, anchors)                           # (A, D, K)
     pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
     cols, known = draft_columns(head, ids)
     if teacher_logits is not None and head.vocab is not None:
@@ -268,7 +209,7 @@ def evaluate(head: DraftHead, target, seqs: list[tuple[torch.Tensor, int]], *, s
         greedy = logits.argmax(-1)                                                      # (S,)
         for anchors in torch.arange(p, ids.numel() - 1, stride, device=ids.device).split(chunk):
             pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
-            pred = block_logits(blocks, target, taps, ids, anchors).argmax(-1)         # (nb, D)
+            pred = block_logits(blocks, target, taps, ids, anchors).argmax(-1)         # (A, D)
             if head.vocab is not None:
                 pred = head.vocab.to(pred.device)[pred]                                  # columns -> ids
             ok, n = depth_accuracy(pred, greedy[pos - 1], valid)

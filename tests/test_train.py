@@ -15,9 +15,9 @@ from jetflow.cli import train_config
 from jetflow.head import DraftHead
 from jetflow.target import Target
 from jetflow.metrics import simulated_tau
-from jetflow.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, depth_accuracy,
-                           curriculum_weights, depth_weights, draft_vocabulary, evaluate, lr_factor, masked_mean, sample_anchors,
-                           sequence_loss, slot_losses, slot_targets, train)
+from jetflow.objective import curriculum_weights, depth_accuracy, depth_weights, masked_mean, slot_losses, slot_targets
+from jetflow.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, draft_vocabulary, evaluate,
+                           lr_factor, sample_anchors, sequence_loss, train)
 from fakes import ByteTokenizer, tiny_model
 
 V = 211
