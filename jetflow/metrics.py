@@ -76,15 +76,19 @@ def speedup(tokens: int, seconds: float, ar_tokens: int, ar_seconds: float) -> f
     return rate / ar_rate if rate is not None and ar_rate else None
 
 
+def round_stats(rounds: Sequence[Round | RoundStat]) -> dict:
+    """The per-round statistics of a row: tau, its histogram, per-depth acceptance, verify tokens."""
+    return {"tau": tau(rounds), "tau_hist": tau_hist(rounds), "depth_accept": depth_accept(rounds),
+            "verify_tokens": verify_tokens(rounds)}
+
+
 def summarize(runs: Sequence[Run], ar_runs: Sequence[Run]) -> dict:
     """Row statistics of one configuration against the AR runs of the same prompts."""
     rounds = [r for run in runs for r in run.rounds]
     tokens, secs = sum(r.decode_tokens for r in runs), sum(r.decode_s for r in runs)
     ar_tokens, ar_secs = sum(r.decode_tokens for r in ar_runs), sum(r.decode_s for r in ar_runs)
     prefill = [r.prefill_s for r in runs]
-    return {"n_prompts": len(runs), "new_tokens": sum(len(r.tokens) for r in runs), "tau": tau(rounds),
-            "tau_hist": tau_hist(rounds), "depth_accept": depth_accept(rounds),
-            "verify_tokens": verify_tokens(rounds),
+    return {"n_prompts": len(runs), "new_tokens": sum(len(r.tokens) for r in runs), **round_stats(rounds),
             "prefill_s": None if None in prefill else sum(prefill), "decode_s": secs,
             "tokens_per_s": throughput(tokens, secs), "speedup": speedup(tokens, secs, ar_tokens, ar_secs),
             "identical_to_ar": sum(a.tokens == b.tokens for a, b in zip(runs, ar_runs))}

@@ -33,7 +33,7 @@ from .bench import BENCHMARKS
 from .data import DATASETS
 from .decode import Round, generate
 from .flags import comma_list, option
-from .metrics import depth_accept, tau, tau_hist, verify_tokens
+from .metrics import round_stats
 from .proposers import HeadProposer, LookupMerged, make_proposer
 from .provenance import environment
 from .report import REPLAY_NOTE, write_rows
@@ -174,29 +174,33 @@ def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Seque
     if not budgets or any(b < 1 for b in budgets):
         raise ValueError(f"budgets must be >= 1, got {list(budgets)}")
     rows, env = [], environment(target)
-    spec = {m: (registry.method(m).head, registry.method(m).builder) for m in methods}  # -> (head kind, builder)
-    kinds = dict.fromkeys(kind for kind, _ in spec.values())
+    setup = {"draft_dtype": str(draft_dtype).removeprefix("torch."), "note": REPLAY_NOTE, **env}
     k = max(max(budgets), max(widths))
-    for kind in kinds:
-        first = next(m for m in methods if spec[m][0] == kind)
-        proposer = make_proposer(first, target, head=(heads or {}).get(kind), draft_dtype=draft_dtype)
+    for kind in dict.fromkeys(registry.method(m).head for m in methods):
+        mine = [m for m in methods if registry.method(m).head == kind]
+        proposer = make_proposer(mine[0], target, head=(heads or {}).get(kind), draft_dtype=draft_dtype)
         proposer = getattr(proposer, "inner", proposer)  # the head's own proposer, lookup merged or not
         for ds, traces in traces_by_dataset.items():
             tables = [draft_table(proposer, t, k) for t in
                       tqdm(traces, desc=f"draft {kind} {ds}", disable=not progress, leave=False)]
-            for m in (m for m in methods if spec[m][0] == kind):
-                builder = spec[m][1]
-                lookup = LookupMerged(proposer) if registry.method(m).lookup_merged else None
-                for w in (widths if "width" in BUILDERS[builder].options else (None,)):
-                    build = tree_builder(builder, width=w)
-                    for b in budgets:
-                        rounds = [r for t, tab in zip(traces, tables)
-                                  for r in walk(tab, t, build, b, target.eos_ids, lookup)]
-                        rows.append({"method": m, "dataset": ds, "budget": b, "width": w, "builder": builder,
-                                     "n_prompts": len(traces), "new_tokens": sum(len(t.tokens) for t in traces),
-                                     "tau": tau(rounds), "tau_hist": tau_hist(rounds),
-                                     "depth_accept": depth_accept(rounds), "verify_tokens": verify_tokens(rounds),
-                                     "draft_dtype": str(draft_dtype).removeprefix("torch."), "note": REPLAY_NOTE, **env})
+            rows += [row | setup for m in mine
+                     for row in method_rows(m, ds, traces, tables, budgets, widths, target.eos_ids, proposer)]
+    return rows
+
+
+def method_rows(method: str, dataset: str, traces: Sequence[Trace], tables: Sequence[DraftTable],
+                budgets: Sequence[int], widths: Sequence[int], eos_ids, proposer: HeadProposer) -> list[dict]:
+    """One head method's rows on one dataset: every width its builder takes x every budget (no timing)."""
+    entry = registry.method(method)
+    lookup = LookupMerged(proposer) if entry.lookup_merged else None
+    rows = []
+    for w in (widths if "width" in BUILDERS[entry.builder].options else (None,)):
+        build = tree_builder(entry.builder, width=w)
+        for b in budgets:
+            rounds = [r for t, tab in zip(traces, tables) for r in walk(tab, t, build, b, eos_ids, lookup)]
+            rows.append({"method": method, "dataset": dataset, "budget": b, "width": w, "builder": entry.builder,
+                         "n_prompts": len(traces), "new_tokens": sum(len(t.tokens) for t in traces),
+                         **round_stats(rounds)})
     return rows
 
 

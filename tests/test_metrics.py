@@ -56,3 +56,8 @@ def test_decode_result_and_rows_share_one_tau():
     from jetflow.decode import Result
     assert Result([1], [6, 7, 9], "", HAND_ROUNDS).tau == metrics.tau(HAND_ROUNDS) == 7 / 4
     assert Result([1], [6], "").tau == 0.0  # no round: nothing to average
+
+
+def test_round_stats_are_the_rows_four_statistics():
+    assert metrics.round_stats(HAND_ROUNDS) == {"tau": 7 / 4, "tau_hist": {1: 2, 2: 1, 3: 1},
+                                                "depth_accept": [2 / 3, 1.0, 0.0], "verify_tokens": 13 / 4}
