@@ -96,6 +96,22 @@ def replay_tau(results: Path, name: str = "cpu-replay-tau",
     return _md(["dataset", "method", *(f"B={b}" for b in budgets)], body)
 
 
+def trees_vs_ddtree(results: Path, name: str = "cpu-replay-trees", baseline: str = "ddtree") -> str:
+    """Replayed tau of every causal-head builder beside DDTree's, one line per dataset and budget, and the
+    best causal-head tau over DDTree's (JetFlow at width 7, the builders that take a width too)."""
+    rows = [r for r in load(results, name) if r.get("width") in (None, 7)]
+    methods = [m for m in _methods(rows) if m != baseline]
+    body = []
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        for b in sorted({r["budget"] for r in rows}):
+            tau = {r["method"]: r["tau"] for r in rows if r["dataset"] == ds and r["budget"] == b}
+            best = max(methods, key=lambda m: tau.get(m, 0.0))
+            ratio = f"{tau[best] / tau[baseline]:.3f}x ({best})" if baseline in tau else "-"
+            body.append([DATASET_NAMES.get(ds, ds), str(b), f"{tau[baseline]:.2f}" if baseline in tau else "-",
+                         *(f"{tau[m]:.2f}" if m in tau else "-" for m in methods), ratio])
+    return _md(["dataset", "budget", baseline, *methods, f"best / {baseline}"], body)
+
+
 def decoded(results: Path, names: Sequence[str], dataset: str) -> str:
     """Decoded tau / speedup per method and budget from side-by-side runs (each with its own AR)."""
     runs = [load(results, n) for n in names]
@@ -193,6 +209,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "merged-auto": lambda res: speed_auto(res, ["cpu-merged-auto-bf16-gsm8k", "cpu-merged-auto-bf16-math500"]),
     "replay-tau-merged": lambda res: replay_tau(res, "cpu-replay-tau-merged",
                                                   ("jetflow+lookup", "ddtree+lookup", "jetflow-bp+lookup")),
+    "replay-trees": trees_vs_ddtree,
 }
 
 
