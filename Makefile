@@ -113,6 +113,13 @@ merged: $(STAMP)
 clean:
 	rm -rf $(VENV)
 
+# On a CUDA machine (docs/gpu.md; no hub access needed): tiny-model correctness on the GPU, the embedded
+# SmolLM2 with the shipped heads, Qwen3-8B-shaped timing (random bf16 weights) and the speedup the paper's tau
+# would give on this engine, all in data/results/gpu-check.json. Exit status 1 if a correctness check fails.
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(PY) -m jetflow gpu-check --out data/results/gpu-check.json
+
 # README screenshots of the notebooks as a browser shows them (JupyterLab + headless Chromium, smoke mode):
 # data/results/tree_explorer.png, budget_scaling.png and budget_speedup.png. JETFLOW_HEADS_DIR passes through.
 .PHONY: screenshots
