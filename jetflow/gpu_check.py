@@ -281,13 +281,23 @@ def hardware(device: str) -> dict:
     return info
 
 
+def _guarded(name: str, checks, s: Settings) -> list[Check]:
+    """Run one group of checks; an exception is reported as a failed check so that the other checks,
+    the timings and the JSON still come out of a single run on a machine one may hold only briefly."""
+    try:
+        return checks(s)
+    except Exception as err:  # any crash on the device is a finding for the report, never hidden
+        return [Check(name, False, f"raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")]
+
+
 def run(s: Settings, out: Path) -> dict:
     if s.shape not in SHAPES:
         raise ValueError(f"unknown shape {s.shape!r}; choose from {', '.join(SHAPES)}")
     if torch.device(s.device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError("CUDA is not available: install a CUDA build of torch (docs/gpu.md), or try the script "
                          "on a CPU with --device cpu --shape tiny")
-    checks = greedy_checks(s) + sampling_checks(s) + (embedded_checks(s) if s.embedded else [])
+    checks = _guarded("greedy checks", greedy_checks, s) + _guarded("sampling checks", sampling_checks, s)
+    checks += _guarded("embedded SmolLM2 check", embedded_checks, s) if s.embedded else []
     t = timings(s)
     report = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "hardware": hardware(s.device),
               "settings": asdict(s), "checks": [asdict(c) for c in checks], "timings_ms": t,

@@ -54,10 +54,19 @@ def test_published_table_is_the_papers_grid():
         assert all(1 < speedup < tau for speedup, tau in by_dataset.values())  # columns not swapped
 
 
-def test_a_failing_check_sets_exit_status_1(tmp_path, monkeypatch, capsys):
+def crash(s):
+    raise RuntimeError("Expected a 'cuda' device type for generator but found 'cpu'")
+
+
+def test_failing_or_crashing_checks_set_exit_status_1_and_the_report_still_comes_out(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gpu_check, "greedy_checks", lambda s: [Check("planted failure", False, "for the test")])
+    monkeypatch.setattr(gpu_check, "sampling_checks", crash)
     assert main(TINY + ["--out", str(tmp_path / "r.json")]) == 1
-    assert "FAIL planted failure" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "FAIL planted failure" in printed
+    assert "FAIL sampling checks: raised RuntimeError: Expected a 'cuda' device type" in printed
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [c["ok"] for c in report["checks"]] == [False, False] and report["timings_ms"]["ar_step"] > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
