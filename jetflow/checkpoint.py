@@ -119,12 +119,19 @@ def check_supported(d: dict) -> None:
                          "by this kit's head; loading it would silently run a different model")
 
 
+REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "rms_norm_eps",
+            "vocab_size", "num_target_layers")
+
+
 def from_hf_dict(d: dict) -> HeadConfig:
     """HeadConfig from a published (or this kit's) config.json dict, in any dialect above."""
     check_supported(d)
     mask = _dflash_field(d, "mask_token_id")
     if mask is None:
         raise ValueError("config has no dflash_config.mask_token_id: not a DFlash/JetSpec draft head")
+    missing = [k for k in REQUIRED if k not in d]
+    if missing:
+        raise ValueError(f"draft-head config lacks {', '.join(missing)}")
     layers, heads = d["num_hidden_layers"], d["num_attention_heads"]
     n_target = d["num_target_layers"]
     taps = _dflash_field(d, "target_layer_ids") or tap_layers(n_target, layers)

@@ -161,6 +161,13 @@ def test_config_without_mask_token_is_not_a_head():
         from_hf_dict(d)
 
 
+def test_missing_required_field_is_named():
+    d = bare_dict()
+    del d["num_target_layers"]
+    with pytest.raises(ValueError, match="lacks num_target_layers"):
+        from_hf_dict(d)
+
+
 def test_mask_token_and_taps_may_sit_top_level():
     d = bare_dict(mask_token_id=V - 1, target_layer_ids=[1, 3])
     d["dflash_config"] = {}
