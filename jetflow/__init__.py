@@ -30,16 +30,20 @@ Entry points
   injection -> the target's frozen ``lm_head`` (optionally only its rows of a K-token draft
   vocabulary, ``head.vocab``); ``draft_logp(...) -> (D, V)``;
   ``save_pretrained`` / ``from_pretrained`` in the published JetSpec/DFlash layout.
+- ``notebook_setup() -> bool`` (smoke mode?): the first call of every notebook; ``jetflow.hardware``
+  (CPU model, native bf16, ``fast_dtype()``); ``jetflow.jsonl`` (resumable JSON-lines files: one
+  torn-last-line rule, one writer lock).
 - ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training), ``jetflow.bench``
   (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
   ``jetflow.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows).
 """
 from .decode import Result, Round, generate
+from .notebook import notebook_setup
 from .proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
 from .target import Target, load_target
 from .tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
 
 __all__ = ["Result", "Round", "generate", "LookupProposer", "OracleProposer", "RandomProposer",
            "make_proposer", "Target", "load_target", "Tree", "accum_logp", "ancestor_mask",
-           "best_prefix", "chain"]
+           "best_prefix", "chain", "notebook_setup"]
