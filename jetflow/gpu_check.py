@@ -29,6 +29,7 @@ import torch
 import transformers
 
 from .decode import generate
+from .hardware import describe
 from .head import DraftHead, HeadConfig
 from .proposers import (HEAD_METHODS, HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
                         RandomProposer, make_proposer)
@@ -272,8 +273,8 @@ def projection(t: dict) -> list[dict]:
 
 # ----------------------------------------------------------------------------- the command
 def hardware(device: str) -> dict:
-    info = {"device": device, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "cpu": platform.processor() or platform.machine()}
+    info = {"device": device, "host": describe(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version()}
     if torch.device(device).type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
