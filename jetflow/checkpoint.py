@@ -108,10 +108,12 @@ def _unsupported(d: dict) -> list[tuple[str, object]]:
 def check_supported(d: dict) -> None:
     """Raise ValueError naming the first config field this head cannot honour."""
     if "speculators_config" in d:
+        algorithm = (d["speculators_config"] or {}).get("algorithm", "unknown")
         raise ValueError(
-            "config has speculators_config: this is a checkpoint in the vLLM `speculators` format (its own "
-            "config layout with the draft's settings under speculators_config / transformer_layer_config), not "
-            "the DFlash/JetSpec layout this kit reads; use the original DFlash/JetSpec checkpoint instead")
+            f"config has speculators_config (algorithm {algorithm!r}): this is a checkpoint of the vLLM "
+            "`speculators` library, whose config nests the algorithm, proposal methods and verifier under "
+            "speculators_config and the draft layers under transformer_layer_config; this kit reads the "
+            "DFlash/JetSpec layout only, so load the original DFlash/JetSpec checkpoint instead")
     bad = _unsupported(d)
     if bad:
         key, value = bad[0]
