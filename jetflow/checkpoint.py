@@ -76,28 +76,27 @@ def _dflash_field(d: dict, name: str, default=None):
     return _agreed(d, (name, f"dflash_config.{name}"), default)
 
 
+# Config fields (top-level or in dflash_config) -> when their value changes the math in a way this head
+# does not implement. conv_* / selector_* are DFlash2's convolutions and candidate selector, whatever the value.
+UNSUPPORTED = {
+    "use_swa": bool, "use_sliding_window": bool, "attention_sink_bias": bool,
+    "attention_bias": bool, "mlp_bias": bool,                         # the head's projections have no bias
+    "input_embedding_scale": lambda v: float(v) != 1.0, "output_multiplier": lambda v: float(v) != 1.0,
+    "final_logit_softcapping": lambda v: float(v) > 0, "hidden_act": lambda v: v != "silu",
+    "layer_types": lambda v: any(t != "full_attention" for t in v),   # sliding-window layers
+}
+UNSUPPORTED_PREFIXES = ("conv_", "selector_")
+
+
 def _unsupported(d: dict) -> list[tuple[str, object]]:
-    """(key, value) of every field that changes the math in a way this head does not implement."""
+    """(key, value) of every field that this head would silently get wrong."""
     bad = []
     for scope, fields in (("", d), ("dflash_config.", d.get("dflash_config") or {})):
         for key, value in fields.items():
-            name = scope + key
-            if value is None:
-                continue
-            if key.startswith(("conv_", "selector_")):                   # DFlash2 convolutions / selector
-                bad.append((name, value))
-            elif key in ("use_swa", "use_sliding_window", "attention_sink_bias", "attention_bias",
-                         "mlp_bias") and value:
-                bad.append((name, value))
-            elif key in ("input_embedding_scale", "output_multiplier") and float(value) != 1.0:
-                bad.append((name, value))
-            elif key == "final_logit_softcapping" and float(value) > 0:
-                bad.append((name, value))
-            elif key == "hidden_act" and value != "silu":
-                bad.append((name, value))
-            elif key == "layer_types" and any(t != "full_attention" for t in value):
-                bad.append((name, sorted(set(value))))
-    for key in ("rope_scaling", "rope_parameters"):
+            if value is not None and (key.startswith(UNSUPPORTED_PREFIXES)
+                                      or (key in UNSUPPORTED and UNSUPPORTED[key](value))):
+                bad.append((scope + key, value))
+    for key in ("rope_scaling", "rope_parameters"):                     # scaled RoPE (yarn, llama3, ...)
         rope = d.get(key) or {}
         kind = rope.get("rope_type", rope.get("type", "default"))
         if kind != "default":
