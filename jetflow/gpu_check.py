@@ -294,6 +294,9 @@ def _guarded(name: str, checks, s: Settings) -> list[Check]:
 def run(s: Settings, out: Path) -> dict:
     if s.shape not in SHAPES:
         raise ValueError(f"unknown shape {s.shape!r}; choose from {', '.join(SHAPES)}")
+    if s.context <= s.new_taps or s.reps < 1 or s.samples < 1:
+        raise ValueError(f"need context > new_taps ({s.new_taps}), reps >= 1 and samples >= 1, got context "
+                         f"{s.context}, reps {s.reps}, samples {s.samples}")
     if torch.device(s.device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError("CUDA is not available: install a CUDA build of torch (docs/gpu.md), or try the script "
                          "on a CPU with --device cpu --shape tiny")

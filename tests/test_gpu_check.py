@@ -76,9 +76,13 @@ def test_missing_cuda_is_a_clear_error(tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
 
 
-def test_unknown_shape_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="unknown shape 'huge'"):
-        gpu_check.run(Settings(device="cpu", shape="huge"), tmp_path / "r.json")
+@pytest.mark.parametrize("change,message", [
+    (dict(shape="huge"), "unknown shape 'huge'"), (dict(context=4), "need context > new_taps"),
+    (dict(reps=0), "reps 0"), (dict(samples=0), "samples 0"),
+])
+def test_bad_settings_are_refused(tmp_path, change, message):
+    with pytest.raises(ValueError, match=message):
+        gpu_check.run(Settings(**(dict(device="cpu", shape="tiny") | change)), tmp_path / "r.json")
 
 
 def test_embedded_check_passes_on_cpu(smol):
