@@ -364,8 +364,13 @@ def add_results(sub) -> None:
     r.set_defaults(func=cmd_results)
 
 
+def add_gpu_check(sub) -> None:
+    from .gpu_check import add_gpu_check as add
+    add(sub)
+
+
 SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_train, add_bench, add_replay, add_profile, add_diagnose,
-               add_report, add_results]
+               add_report, add_results, add_gpu_check]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,25 +50,36 @@ def flag_of(f: dataclasses.Field) -> str | None:
     return f"--{f.name.replace('_', '-')}" if flag is _DASHES else flag
 
 
-def _parser_of(cls, f: dataclasses.Field) -> Callable[[str], object]:
-    """Text -> value for field ``f``: its ``parse``, else its type (the non-None member of ``X | None``)."""
-    if f.metadata.get("parse"):
-        return f.metadata["parse"]
+def _kind(cls, f: dataclasses.Field) -> tuple[type, bool]:
+    """(the field's type with ``None`` taken out, whether it may be None)."""
     kind = typing.get_type_hints(cls)[f.name]
+    optional = False
     if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None -> X
+        optional = type(None) in typing.get_args(kind)
         kind = next(a for a in typing.get_args(kind) if a is not type(None))
-    kind = typing.get_origin(kind) or kind
+    return typing.get_origin(kind) or kind, optional
+
+
+def _parse(cls, f: dataclasses.Field, text: str, label: str):
+    """Text -> value for field ``f``: its ``parse``, else by its declared type; an optional field also
+    takes ``none``. ``label`` (the flag, or ``--set name``) starts the error message."""
+    kind, optional = _kind(cls, f)
+    if optional and text.lower() in ("none", "null", ""):
+        return None
+    if f.metadata.get("parse"):
+        return f.metadata["parse"](text)
     if kind is bool:
-        return _bool
+        if text.lower() not in ("true", "false"):
+            raise ValueError(f"{label} expects true or false, got {text!r}")
+        return text.lower() == "true"
     if kind is tuple:
-        return comma_list
-    return kind
-
-
-def _bool(text: str) -> bool:
-    if text.lower() not in ("true", "false"):
-        raise ValueError(f"expected true or false, got {text!r}")
-    return text.lower() == "true"
+        return comma_list(text)
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a number" if kind in (int, float) else f"a {kind.__name__}"
+        raise ValueError(f"{label} expects {what}{' or none' if optional else ''} "
+                         f"({kind.__name__}{' | None' if optional else ''}), got {text!r}") from None
 
 
 def flagged(cls) -> list[dataclasses.Field]:
@@ -97,28 +108,34 @@ def add_flags(parser: argparse.ArgumentParser, cls, *, set_flag: bool = False) -
                             help="any other config field, e.g. --set max_len=256 (repeatable)")
 
 
-def parse_value(cls, name: str, text):
+def parse_value(cls, name: str, text, label: str | None = None):
     """The value of field ``name`` of ``cls`` from its command-line text (values already parsed pass)."""
     f = next((f for f in flagged(cls) if f.name == name), None)
     if f is None:
         raise ValueError(f"{cls.__name__} has no setting {name!r}")
-    if not isinstance(text, str):
-        return text
-    try:
-        return _parser_of(cls, f)(text)
-    except ValueError as err:
-        raise ValueError(f"{flag_of(f) or name}: {err}") from None
+    return text if not isinstance(text, str) else _parse(cls, f, text, label or flag_of(f) or f"--set {name}")
+
+
+def _set_items(cls, items: Sequence[str]) -> dict:
+    """Field -> parsed value of each ``--set KEY=VALUE`` item."""
+    names, out = sorted(f.name for f in flagged(cls)), {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in names:
+            raise ValueError(f"--set expects key=value with key one of {names}, got {item!r}")
+        out[key] = parse_value(cls, key, raw, f"--set {key}")
+    return out
+
+
+def parse_set(cfg, items: Sequence[str]):
+    """``cfg`` with ``--set KEY=VALUE`` items applied, each parsed by the field's declared type."""
+    return dataclasses.replace(cfg, **_set_items(type(cfg), items))
 
 
 def given(args: argparse.Namespace, cls) -> dict:
     """Field -> parsed value for every ``--set KEY=VALUE``, then every flag of ``cls`` the user gave (a
     flag wins over ``--set``)."""
-    out, names = {}, sorted(f.name for f in flagged(cls))
-    for item in getattr(args, "set", None) or []:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in names:
-            raise ValueError(f"--set expects key=value with key one of {names}, got {item!r}")
-        out[key] = parse_value(cls, key, raw)
+    out = _set_items(cls, getattr(args, "set", None) or [])
     out.update({f.name: parse_value(cls, f.name, getattr(args, f.name))
                 for f in flagged(cls) if flag_of(f) and getattr(args, f.name, None) is not None})
     return out

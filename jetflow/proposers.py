@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .head import DraftHead, HeadState, check_compatible
+from .checkpoint import check_compatible
+from .head import DraftHead, HeadState
 from .tree import AcceptanceProfile, Tree, accum_logp, merge, tree_builder
 
 

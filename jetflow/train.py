@@ -45,7 +45,8 @@ from tqdm.auto import tqdm
 
 from .data import load_regenerated
 from .flags import command_line, option
-from .head import DraftHead, HeadConfig, init_from_target
+from .checkpoint import init_from_target
+from .head import DraftHead, HeadConfig
 from .metrics import simulated_tau
 from .objective import curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets
 from .provenance import write_provenance

@@ -3,7 +3,7 @@ import pytest
 
 from jetflow.cli import build_parser, main
 
-SUBCOMMANDS = {"demo", "generate", "regenerate", "train", "bench", "replay", "report", "results"}
+SUBCOMMANDS = {"demo", "generate", "regenerate", "train", "bench", "replay", "report", "results", "gpu-check"}
 
 
 def test_one_parser_holds_every_subcommand():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from jetflow.cli import RegenerateConfig, regenerate_command
-from jetflow.flags import add_flags, command_line, given, option
+from jetflow.flags import add_flags, command_line, given, option, parse_set
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,16 @@ def test_regenerate_command_names_every_size_and_only_changed_models():
                    "--max-prompt-tokens 512 --seed 0")
     cmd = regenerate_command(RegenerateConfig(model="m/x", dtype="float32"), Path("r.jsonl"))
     assert cmd.endswith("--seed 0 --model m/x --dtype float32")
+
+
+@pytest.mark.parametrize("item, field, value", [("gamma=0.5", "gamma", 0.5), ("gamma=none", "gamma", None),
+                                                ("max_len=256", "max_len", 256), ("causal=false", "causal", False)])
+def test_set_parses_by_the_declared_type(item, field, value):
+    assert getattr(parse_set(Toy(gamma=1.0), [item]), field) == value
+
+
+@pytest.mark.parametrize("item, match", [("gamma=abc", "--set gamma expects a number or none"),
+                                         ("steps=1.5", "--set steps expects a number"), ("max_len=none", "a number")])
+def test_set_refuses_what_does_not_parse(item, match):
+    with pytest.raises(ValueError, match=match):
+        parse_set(Toy(), [item])
