@@ -22,7 +22,7 @@ from .report import RESULTS, bench_markdown, replay_markdown
 COMMON = ("--limit", "20", "--max-new-tokens", "256")
 GRID_METHODS = "ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow"
 TREE_METHODS = "jetflow,jetflow-bp,ddtree,jetflow-t2g,jetflow-cal,jetflow-profile"
-TREES_LIMIT = 8  # prompts per dataset: what one AR decode of 256 tokens per prompt allowed on a loaded 2-core CPU
+TREES_LIMIT = 8  # prompts per dataset: the AR decodes (256 tokens each) that fitted one session on the shared 2-core CPU
 REPLAY_DATASETS = ("--datasets", "gsm8k,math500,humaneval,mt_bench", "--budgets", "8,16,32,64,128,255")
 
 
