@@ -30,8 +30,8 @@ def _check_generate_args(args) -> None:
         raise ValueError(f"--budget must be >= 1, got {args.budget}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    from .decode import check_temperature
+    check_temperature(args.temperature, "--temperature")
 
 
 def cmd_generate(args) -> int:
