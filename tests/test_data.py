@@ -253,7 +253,7 @@ def test_regenerate_resumes_after_interruption(tiny_target, tmp_path, monkeypatc
     monkeypatch.setattr(data, "generate_batch", crash_after_first_batch)
     with pytest.raises(KeyboardInterrupt):
         regenerate(tiny_target, PROMPTS, path, **kwargs)
-    assert read_lines(path) == full[:2]  # the first batch was flushed
+    assert read_lines(path) == full[:3]  # the settings header and the first batch were flushed
 
     monkeypatch.setattr(data, "generate_batch", real)
     regenerate(tiny_target, PROMPTS, path, **kwargs)
@@ -266,13 +266,16 @@ def test_regenerate_repairs_partial_last_line(tiny_target, tmp_path, monkeypatch
     regenerate(tiny_target, PROMPTS, path, **kwargs)
     full = read_lines(path)
     path.write_text("\n".join(full[:-1]) + "\n" + full[-1][:15], encoding="utf-8")  # killed mid-write
-    assert len(load_regenerated(path)) == len(full) - 1  # the torn line is ignored when reading
-    with caplog.at_level(logging.WARNING, logger="jetflow.data"):
+    assert len(load_regenerated(path)) == len(full) - 2  # header and torn line are left out when reading
+    with caplog.at_level(logging.WARNING, logger="jetflow.jsonl"):
         regenerate(tiny_target, PROMPTS, path, **kwargs)
-    assert "partially written" in caplog.text
+    assert "cut short by an interruption" in caplog.text
     assert read_lines(path) == full
     monkeypatch.setattr(data, "generate_batch", lambda *a, **k: pytest.fail("nothing left to generate"))
-    regenerate(tiny_target, PROMPTS, path, progress=False)
+    regenerate(tiny_target, PROMPTS, path, **(kwargs | {"batch_size": 4}))  # batch size: recorded, not compared
+    assert read_lines(path) == full
+    with pytest.raises(ValueError, match=r"other settings \(max_new_tokens: 3 -> 192\)"):
+        regenerate(tiny_target, PROMPTS, path, progress=False)  # would mix 3-token and 192-token answers
     assert read_lines(path) == full
 
 
