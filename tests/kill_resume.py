@@ -1,12 +1,13 @@
 """Kill a bench at random moments, resume it to the end, and compare its rows with an uninterrupted run.
 
     JETFLOW_DATA_DIR=... OMP_NUM_THREADS=1 python tests/kill_resume.py --kills 3 --out /tmp/kill-test -- \
-        --methods ar,lookup,jetflow --datasets gsm8k --limit 3 --max-new-tokens 48 --budgets 16 --dtype float32
+        --methods ar,lookup,jetflow --datasets gsm8k --limit 5 --max-new-tokens 48 --budgets 16 --dtype float32
 
 Runs ``python -m jetflow bench ARGS --out OUT/straight`` once, then ``... --out OUT/killed`` again and
-again: the first ``--kills`` runs get a SIGKILL after a random delay (seeded by ``--seed``), the last
-one runs to the end. Prints one JSON object: the kill times, the prompts journaled at each kill, and
-whether the deterministic columns of every row (tokens, tau, acceptance, identical-to-AR counts; not
+again: each of the first ``--kills`` runs gets a SIGKILL at a random moment of its decoding (once it has
+journaled a prompt of its own, after a further delay drawn from [0, ``--jitter``] s, seeded by
+``--seed``), so every kill interrupts work in progress; the last run goes to the end. Prints one
+JSON object: the kill delays, the runs journaled at each kill, and whether the deterministic columns of every row (tokens, tau, acceptance, identical-to-AR counts; not
 timings) are equal. Exit status 0 when they are.
 """
 from __future__ import annotations
@@ -25,15 +26,19 @@ DETERMINISTIC = ("method", "dataset", "budget", "n_prompts", "new_tokens", "tau"
 
 
 def bench(args: list[str], out: Path, kill_after: float | None) -> float:
-    """One bench run; with ``kill_after`` a SIGKILL that many seconds in. -> its wall time."""
+    """One bench run; with ``kill_after`` a SIGKILL that many seconds after it journals its first prompt
+    (if it finishes first, it is not killed). -> its wall time."""
     cmd = [sys.executable, "-m", "jetflow", "bench", *args, "--out", str(out), "--json"]
-    start = time.perf_counter()
+    start, before = time.perf_counter(), journaled(out)
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        child.wait(timeout=kill_after)
-    except subprocess.TimeoutExpired:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    if kill_after is not None:
+        while child.poll() is None and journaled(out) <= before:
+            time.sleep(0.2)
+        try:
+            child.wait(timeout=kill_after)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGKILL)
+    child.wait()
     elapsed = time.perf_counter() - start
     if kill_after is None and child.returncode != 0:
         raise SystemExit(f"bench exited with {child.returncode}: {' '.join(cmd)}")
@@ -55,8 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-delay", type=float, default=5.0, help="seconds; kills fall in [min, max]")
-    p.add_argument("--max-delay", type=float, default=None, help="default: the uninterrupted run's time")
+    p.add_argument("--jitter", type=float, default=20.0, help="seconds: the most a kill waits past progress")
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     args = [x for x in a.bench_args if x != "--"]
@@ -64,9 +68,10 @@ def main(argv=None) -> int:
     straight = bench(args, out / "straight", None)
     rng, kills = random.Random(a.seed), []
     for _ in range(a.kills):
-        delay = rng.uniform(a.min_delay, a.max_delay or straight)
-        bench(args, out / "killed", delay)
-        kills.append({"after_s": round(delay, 1), "runs_journaled": journaled(out / "killed")})
+        delay = rng.uniform(0, a.jitter)
+        wall = bench(args, out / "killed", delay)
+        kills.append({"delay_past_progress_s": round(delay, 1), "run_s": round(wall, 1),
+                      "runs_journaled": journaled(out / "killed")})
     bench(args, out / "killed", None)
     same = rows(out / "straight") == rows(out / "killed")
     print(json.dumps({"uninterrupted_s": round(straight, 1), "kills": kills, "rows": len(rows(out / "killed")),

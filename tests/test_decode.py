@@ -93,7 +93,9 @@ def test_sampling_matches_target_distribution(small_vocab_target, temperature):
 @pytest.mark.parametrize("kwargs,message", [
     ({"budget": 0}, "budget must be >= 1, got 0"),
     ({"max_new_tokens": 0}, "max_new_tokens must be >= 1, got 0"),
-    ({"temperature": -0.5}, "temperature must be >= 0"),
+    ({"temperature": -0.5}, "temperature must be a finite number >= 0"),
+    ({"temperature": float("nan")}, "temperature must be a finite number >= 0, got nan"),
+    ({"temperature": float("inf")}, "temperature must be a finite number >= 0, got inf"),
     ({"max_new_tokens": 600}, "exceeds the model's context"),
 ])
 def test_bad_arguments(tiny_target, kwargs, message):
