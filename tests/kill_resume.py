@@ -7,7 +7,8 @@ Runs ``python -m jetflow bench ARGS --out OUT/straight`` once, then ``... --out 
 again: each of the first ``--kills`` runs gets a SIGKILL at a random moment of its decoding (once it has
 journaled a prompt of its own, after a further delay drawn from [0, ``--jitter``] s, seeded by
 ``--seed``), so every kill interrupts work in progress; the last run goes to the end. Prints one
-JSON object: the kill delays, the runs journaled at each kill, and whether the deterministic columns of every row (tokens, tau, acceptance, identical-to-AR counts; not
+JSON object: the kill delays, the runs journaled at each kill, and whether the deterministic columns
+of every row (tokens, tau, acceptance, identical-to-AR counts; not
 timings) are equal. Exit status 0 when they are.
 """
 from __future__ import annotations
