@@ -8,7 +8,6 @@ token counts, wall time, versions and its final evaluation.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from collections import Counter
@@ -36,10 +35,10 @@ def environment(target) -> dict:
 
 def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) -> dict:
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
-    from .train import command_for, lineage  # train.py calls this at the end of a run
+    from .train import command_for, data_sha256, lineage  # train.py calls this at the end of a run
     cfg, path = run.cfg, Path(run.cfg.data)
     data = {"file": path.name, "path": str(path.resolve()),
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "sequences": len(rows),
+            "sha256": data_sha256(path), "sequences": len(rows),
             "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
             "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
     meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`
