@@ -59,8 +59,8 @@ from .target import DTYPES, Target
 
 
 @dataclass
-class Run:
-    """One prompt decoded by one configuration."""
+class PromptRun:
+    """One prompt decoded by one variant."""
     tokens: list[int]          # generated ids
     decode_tokens: int         # tokens produced inside the timed decode region
     decode_s: float
@@ -72,27 +72,28 @@ class Run:
                 "prefill_s": self.prefill_s, "rounds": [astuple(r) for r in self.rounds]}
 
     @classmethod
-    def from_json(cls, d: Mapping) -> Run:
+    def from_json(cls, d: Mapping) -> PromptRun:
         return cls(list(d["tokens"]), d["decode_tokens"], d["decode_s"], d["prefill_s"],
                    [RoundStat(*r) for r in d["rounds"]])
 
 
 # ----------------------------------------------------------------------------- running
 @dataclass
-class Config:
+class Variant:
+    """One method at one budget, as a bench decodes it (with its proposer, built once)."""
     method: str
     budget: int | None         # None for budget-free methods
     proposer: object = None    # None for ar and hf methods
-    same_as: int | None = None  # index of an earlier config drafting the very same trees (not rerun)
+    same_as: int | None = None  # index of an earlier variant drafting the very same trees (not rerun)
 
 
-def configs(target: Target, methods: Sequence[str], budgets, heads=None) -> list[Config]:
+def variants(target: Target, methods: Sequence[str], budgets, heads=None) -> list[Variant]:
     """AR first, then each method in the given order; ``budgets`` is a list or method -> list."""
     registry.check(methods)
-    out = [Config("ar", None)]
+    out = [Variant("ar", None)]
     for m in dict.fromkeys(methods):
         if registry.method(m).budget_free and m != "ar":
-            out.append(Config(m, None))
+            out.append(Variant(m, None))
         elif m != "ar":
             sizes = list(budgets.get(m, ()) if isinstance(budgets, Mapping) else budgets)
             if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
@@ -101,7 +102,7 @@ def configs(target: Target, methods: Sequence[str], budgets, heads=None) -> list
             first: dict[int, int] = {}  # effective budget -> index of its config
             for b in sizes:
                 eff = _effective_budget(m, proposer, b)
-                out.append(Config(m, b, proposer, first.get(eff)))
+                out.append(Variant(m, b, proposer, first.get(eff)))
                 first.setdefault(eff, len(out) - 1)
     return out
 
@@ -119,7 +120,7 @@ def _sync(device: torch.device) -> None:
 
 
 def hf_generate(target: Target, ids: torch.Tensor, max_new_tokens: int, temperature: float,
-                seed: int | None, **extra) -> Run:
+                seed: int | None, **extra) -> PromptRun:
     """transformers ``generate`` on the same ids and stop tokens, timed end to end."""
     inp = ids[None].to(target.device)
     if temperature > 0:  # plain softmax sampling, as in our loop
@@ -136,18 +137,18 @@ def hf_generate(target: Target, ids: torch.Tensor, max_new_tokens: int, temperat
     _sync(target.device)
     seconds = time.perf_counter() - t0
     tokens = out[0, ids.numel():].tolist()
-    return Run(tokens, len(tokens), seconds, None)
+    return PromptRun(tokens, len(tokens), seconds, None)
 
 
-def run_config(target: Target, cfg: Config, ids: torch.Tensor, max_new_tokens: int, temperature: float,
-               seed: int | None) -> Run:
+def run_config(target: Target, cfg: Variant, ids: torch.Tensor, max_new_tokens: int, temperature: float,
+               seed: int | None) -> PromptRun:
     """Decode one prompt (1-D ids) with one configuration."""
     hf_kwargs = registry.method(cfg.method).hf_kwargs
     if hf_kwargs is not None:
         return hf_generate(target, ids, max_new_tokens, temperature, seed, **dict(hf_kwargs))
     res = generate(target, ids, cfg.proposer, budget=cfg.budget or 1, max_new_tokens=max_new_tokens,
                    temperature=temperature, seed=seed)
-    return Run(res.tokens, sum(len(r.committed) for r in res.rounds), res.decode_s, res.prefill_s,
+    return PromptRun(res.tokens, sum(len(r.committed) for r in res.rounds), res.decode_s, res.prefill_s,
                [RoundStat.of(r) for r in res.rounds])
 
 
@@ -225,7 +226,7 @@ class Journal:
                              f"or choose another --out")
 
     def done(self, dataset: str, index: int, prompt_id, needed: Mapping[str, str | None],
-             sha: str | None = None) -> dict[str, Run] | None:
+             sha: str | None = None) -> dict[str, PromptRun] | None:
         """The journaled runs of one prompt, keyed by configuration, if ``needed`` (configuration -> head
         fingerprint) are all there; None if the prompt must be decoded (again). ``sha``: the prompt
         text's hash (``text_sha``), checked against the journaled one."""
@@ -240,9 +241,9 @@ class Journal:
                              f"delete the journal to measure the new head, or choose another --out")
         if not all(c in have for c in needed):
             return None
-        return {c: Run.from_json(have[c]["run"]) for c in needed}
+        return {c: PromptRun.from_json(have[c]["run"]) for c in needed}
 
-    def record(self, dataset: str, index: int, prompt_id, runs: Mapping[str, tuple[str | None, Run]],
+    def record(self, dataset: str, index: int, prompt_id, runs: Mapping[str, tuple[str | None, PromptRun]],
                sha: str | None = None) -> None:
         """Append one prompt's runs (configuration -> (head fingerprint, run)) in one write, fsynced."""
         new = not self.path.exists() or self.path.stat().st_size == 0
@@ -285,7 +286,7 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     check_temperature(temperature)
-    cfgs = configs(target, methods, budgets, heads)
+    cfgs = variants(target, methods, budgets, heads)
     encoded = _encode_all(target, prompts_by_dataset, max_new_tokens + max(c.budget or 1 for c in cfgs) + 1)
     ids_of = {ds: [p.get("id", i) for i, p in enumerate(ps)] for ds, ps in prompts_by_dataset.items()}
     todo = {k: cfg for k, cfg in enumerate(cfgs) if cfg.same_as is None}
@@ -303,7 +304,7 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
             first = next(iter(encoded.values()))[0]
             for cfg in todo.values():
                 run_config(target, cfg, first, min(4, max_new_tokens), temperature, 0)
-        runs: dict[tuple[str, int], list[Run]] = {(ds, k): [] for ds in encoded for k in range(len(cfgs))}
+        runs: dict[tuple[str, int], list[PromptRun]] = {(ds, k): [] for ds in encoded for k in range(len(cfgs))}
         bar = tqdm(total=sum(map(len, encoded.values())) * len(todo), disable=not progress, unit="gen")
         if resumed:
             tqdm.write(f"resuming from {journal}: {len(resumed)} prompt(s) already measured", file=sys.stderr)

@@ -21,7 +21,7 @@ import transformers
 from . import hardware
 
 if TYPE_CHECKING:
-    from .train import Progress, Run
+    from .train import Progress, TrainingRun
 
 TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
             "of the argmax at every depth (a budget of D = Q-1 draft nodes, root excluded)")
@@ -33,7 +33,7 @@ def environment(target) -> dict:
             "torch": torch.__version__, "transformers": transformers.__version__, "hardware": hardware.describe()}
 
 
-def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) -> dict:
+def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[dict]) -> dict:
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
     from .train import command_for, data_sha256, lineage  # train.py calls this at the end of a run
     cfg, path = run.cfg, Path(run.cfg.data)

@@ -263,7 +263,8 @@ class Progress:
 
 
 @dataclass
-class Run:
+class TrainingRun:
+    """One training run as it goes: the config, the frozen target, accelerate's prepared objects, the data."""
     cfg: TrainConfig
     target: object
     accelerator: object
@@ -279,7 +280,7 @@ class Run:
         return self.accelerator.unwrap_model(self.blocks).head
 
 
-def train_step(run: Run, first: int) -> tuple[float, Counter]:
+def train_step(run: TrainingRun, first: int) -> tuple[float, Counter]:
     """Accumulate the sequences at data positions first .. first+seqs_per_step-1 (this process's
     share), clip, step. -> mean loss over all processes, token counts."""
     cfg, acc = run.cfg, run.accelerator
@@ -304,7 +305,7 @@ def train_step(run: Run, first: int) -> tuple[float, Counter]:
     return float(loss), Counter(dict(zip(("context_tokens", "response_tokens", "supervised_slots"), counts)))
 
 
-def save_checkpoint(run: Run, progress: Progress) -> None:
+def save_checkpoint(run: TrainingRun, progress: Progress) -> None:
     """accelerate state (head, AdamW, scheduler, RNG) + train_state.json, swapped in by renames so a kill
     at any point leaves a whole checkpoint (``checkpoint``, or ``checkpoint.old`` between the renames)."""
     ckpt, tmp, old = run.out / "checkpoint", run.out / "checkpoint.tmp", run.out / "checkpoint.old"
@@ -346,7 +347,7 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def load_checkpoint(run: Run) -> Progress:
+def load_checkpoint(run: TrainingRun) -> Progress:
     """Restore out/checkpoint when there is one (refusing another config's), else start at step 0."""
     ckpt = next((d for d in (run.out / "checkpoint", run.out / "checkpoint.old")
                  if (d / "train_state.json").is_file()), None)
@@ -415,7 +416,7 @@ def lineage(cfg: TrainConfig) -> list[str]:
     return [*parent.get("lineage", []), parent["command"]]
 
 
-def setup(cfg: TrainConfig, target=None) -> tuple[Run, list[dict]]:
+def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
     """Check the inputs, split the data, build head/optimiser/scheduler under accelerate."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -440,7 +441,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[Run, list[dict]]:
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.steps, cfg.warmup))
     blocks, optimizer, scheduler = accelerator.prepare(BlockForward(head), optimizer, scheduler)
-    run = Run(cfg, target, accelerator, blocks, optimizer, scheduler, train_seqs,
+    run = TrainingRun(cfg, target, accelerator, blocks, optimizer, scheduler, train_seqs,
               as_sequences(rows[-cfg.eval_seqs:], cfg.max_len), Path(cfg.out))
     run.out.mkdir(parents=True, exist_ok=True)
     return run, rows
@@ -490,7 +491,7 @@ def _is_main() -> bool:
     return os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
 
 
-def _loop(run: Run, state: Progress, history: list[dict], end: int, progress: bool) -> dict:
+def _loop(run: TrainingRun, state: Progress, history: list[dict], end: int, progress: bool) -> dict:
     """Steps state.step .. end-1 with logging, evaluation and checkpoints. -> the last evaluation."""
     cfg = run.cfg
     last = next((h for h in reversed(history) if h["acc"] is not None), None)
@@ -516,7 +517,7 @@ def _loop(run: Run, state: Progress, history: list[dict], end: int, progress: bo
     return last
 
 
-def _log(run: Run, history: list[dict], entry: dict, elapsed_s: float, evaluate_now: bool) -> dict | None:
+def _log(run: TrainingRun, history: list[dict], entry: dict, elapsed_s: float, evaluate_now: bool) -> dict | None:
     """Append a history entry (evaluated on the held-out sequences when due) to out/history.jsonl."""
     ev = evaluate(run.head, run.target, run.eval_seqs, stride=run.cfg.eval_stride) if evaluate_now else {}
     history.append(entry | {"acc": ev.get("acc"), "sim_tau": ev.get("sim_tau"), "elapsed_s": elapsed_s})
@@ -525,7 +526,7 @@ def _log(run: Run, history: list[dict], entry: dict, elapsed_s: float, evaluate_
     return history[-1] if evaluate_now else None
 
 
-def read_history(run: Run, step: int) -> list[dict]:
+def read_history(run: TrainingRun, step: int) -> list[dict]:
     """out/history.jsonl up to ``step``; an interrupted run's later entries (and a torn last line) are
     dropped, from the file too (rewritten whole, then renamed over it)."""
     path = run.out / "history.jsonl"
