@@ -2,7 +2,7 @@
 import pytest
 
 from jetflow import metrics
-from jetflow.bench import PromptRun
+from jetflow.journal import PromptRun
 from metrics_cases import HAND_ROUNDS, rnd
 
 
