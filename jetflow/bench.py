@@ -193,13 +193,20 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
                     book.record(ds, i, ids_of[ds][i], {names[k]: (prints[k], runs[ds, k][-1]) for k in todo},
                                 shas[ds][i])
     bar.close()
+    return _rows(target, cfgs, list(encoded), runs)
+
+
+def _rows(target: Target, cfgs: Sequence[Variant], datasets: Sequence[str],
+          runs: Mapping[tuple[str, int], list[PromptRun]]) -> list[dict]:
+    """One row per variant x dataset against AR (variant 0); a variant drafting another's very trees
+    reads that one's runs and names its budget (``same_as_budget``)."""
     env = environment(target)
     return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
              **summarize(runs[ds, k if cfg.same_as is None else cfg.same_as], runs[ds, 0]), **env,
              **({"note": HF_NOTE} if not registry.method(cfg.method).decodes else {}),
              **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget), "same_as_budget": cfgs[cfg.same_as].budget}
                 if cfg.same_as is not None else {})}
-            for ds in encoded for k, cfg in enumerate(cfgs)]
+            for ds in datasets for k, cfg in enumerate(cfgs)]
 
 
 def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets: Sequence[int], *,
