@@ -20,6 +20,8 @@ def notebook_setup(*, threads: int | None = None) -> bool:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # the GGUF loader's tqdm bars ignore the environment variable
     smoke = os.environ.get("JETFLOW_SMOKE", "0") == "1"
     import torch
 
