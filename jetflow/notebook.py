@@ -18,11 +18,14 @@ def notebook_setup(*, threads: int | None = None) -> bool:
     ``threads`` says otherwise) and return whether this is a smoke run."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()  # the GGUF loader's tqdm bars ignore the environment variable
+    hf_logging.disable_progress_bar()  # transformers' own weight-loading bars
     smoke = os.environ.get("JETFLOW_SMOKE", "0") == "1"
+    if smoke:  # committed outputs come from smoke runs: no progress widgets (the GGUF loader's tqdm included)
+        os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
 
     if threads is not None:
