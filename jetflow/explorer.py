@@ -189,6 +189,7 @@ class TreeExplorer:
         with widget.batch_update():
             for trace, new in zip(widget.data, fig.data):
                 trace.update({k: v for k, v in new.to_plotly_json().items() if k != "type"})
+            widget.data[3].marker.showscale = False  # an in-place update would stack colour bars; hover has the score
             x, y = viz.tree_layout(result.rounds[r].tree)
             ring = info["mask_row"] if info else []
             widget.data[4].update(x=[x[i] for i in ring], y=[y[i] for i in ring], mode="markers", hoverinfo="skip",

@@ -24,8 +24,6 @@ def notebook_setup(*, threads: int | None = None) -> bool:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # transformers' own weight-loading bars
     smoke = os.environ.get("JETFLOW_SMOKE", "0") == "1"
-    if smoke:  # committed outputs come from smoke runs: no progress widgets (the GGUF loader's tqdm included)
-        os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
 
     if threads is not None:

@@ -123,13 +123,14 @@ def drive_explorer(page, nb, out: Path, kernel_idle) -> list[Path]:
     """Rerun the explorer's cell (a fresh widget, as it opens), shoot it, pick "dflash" on the right, click
     a node on the left, check that both changed what is shown, and shoot it again."""
     cell = nb.locator(".jp-CodeCell").filter(has_text=EXPLORER_CELL).first
+    cell.scroll_into_view_if_needed()
     cell.locator(".jp-InputArea-editor").click()
     page.keyboard.press("Control+Enter")
     page.wait_for_timeout(2000)
     kernel_idle.wait_for(timeout=180_000)
     plots = cell.locator(".js-plotly-plot")
     plots.nth(1).locator(".gtitle").wait_for(timeout=120_000)
-    titles = lambda: [plots.nth(k).locator(".gtitle").inner_text() for k in (0, 1)]  # noqa: E731
+    titles = lambda: [plots.nth(k).locator(".gtitle").text_content() for k in (0, 1)]  # noqa: E731  (SVG text)
     panels = cell.locator(".widget-html-content")
     before_title, before_panels = titles(), panels.all_inner_texts()
     if "click a node" not in " ".join(before_panels):
@@ -170,6 +171,7 @@ def shot_locator(page, output, path: Path) -> Path:
 def shot(page, nb, path: Path, cell_text: re.Pattern, n_plots: int) -> Path:
     """Save the output of the last code cell matching ``cell_text`` that holds a figure."""
     cell = nb.locator(".jp-CodeCell").filter(has_text=cell_text).filter(has=page.locator(".js-plotly-plot")).last
+    cell.scroll_into_view_if_needed()  # cells out of view are not rendered (content-visibility) and count as hidden
     cell.locator(".js-plotly-plot .main-svg").nth(n_plots - 1).wait_for(timeout=60_000)
     # the cell's own output, not the outputs nested in a widget's Output areas
     output = cell.locator(".jp-Cell-outputArea > .jp-OutputArea-child > .jp-OutputArea-output").last
