@@ -24,6 +24,7 @@ from .walkthrough import node_info, round_logits
 
 SIDES = ("left", "right")
 TRACES = ("edges", "accepted path", "rejected", "accepted", "mask row")  # the fixed traces of each side
+ACCEPTED = "#ffd92f"  # accepted nodes' fill (outlined in viz.PATH)
 
 
 def uses_width(proposer) -> bool:
@@ -61,6 +62,17 @@ def node_html(info: dict | None) -> str:
     return (f"<b>node {info['node']}</b> (depth {info['depth']}) path: {html.escape(' → '.join(info['path_text']))}"
             f"<br><b>target's top choices next</b>: {top}"
             f"<br><b>mask row</b>: attends nodes {info['mask_row']} (its ancestors and itself) + the whole prefix")
+
+
+def _flat(trace: dict) -> dict:
+    """A tree_figure trace for an in-place update: no type, and accepted nodes in one colour instead of a
+    colour scale (colour bars stack up when a FigureWidget restyles them; hover still shows the score)."""
+    trace = {k: v for k, v in trace.items() if k != "type"}
+    marker = trace.get("marker")
+    if marker and "colorscale" in marker:
+        trace["marker"] = {k: v for k, v in marker.items() if k not in ("colorscale", "colorbar", "cmin", "cmax")}
+        trace["marker"]["color"] = ACCEPTED
+    return trace
 
 
 class TreeExplorer:
@@ -188,8 +200,7 @@ class TreeExplorer:
         widget = self.figures[side]
         with widget.batch_update():
             for trace, new in zip(widget.data, fig.data):
-                trace.update({k: v for k, v in new.to_plotly_json().items() if k != "type"})
-            widget.data[3].marker.showscale = False  # an in-place update would stack colour bars; hover has the score
+                trace.update(_flat(new.to_plotly_json()))
             x, y = viz.tree_layout(result.rounds[r].tree)
             ring = info["mask_row"] if info else []
             widget.data[4].update(x=[x[i] for i in ring], y=[y[i] for i in ring], mode="markers", hoverinfo="skip",

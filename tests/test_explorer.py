@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from jetflow import viz
-from jetflow.explorer import SIDES, TRACES, TreeExplorer, uses_width, with_width
+from jetflow.explorer import ACCEPTED, SIDES, TRACES, TreeExplorer, uses_width, with_width
 from jetflow.proposers import HeadProposer, LookupMerged, LookupProposer
 
 pytest.importorskip("anywidget")  # plotly's FigureWidget runs on it
@@ -43,6 +43,8 @@ def test_controls_redraft_both_sides_in_place(tiny_target, proposers):
     ex.controls["budget"].value = 8  # a slider move: both sides redraft at the new budget
     assert ex.summary("left")["nodes"] == 8 and ex.summary("left")["budget"] == 8
     assert all(ex.figures[s] is widgets[s] for s in SIDES)  # the same widgets, updated in place
+    accepted = ex.figures["left"].data[3].marker
+    assert accepted.colorscale is None and accepted.colorbar.title.text is None and accepted.color == ACCEPTED
     title = ex.figures["left"].layout.title.text
     assert title.startswith("jetflow @ 8: Round 1/")
     shown = [int(i) for i in ex.figures["left"].data[2].customdata] + [int(i) for i in ex.figures["left"].data[3].customdata]
