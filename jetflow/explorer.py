@@ -206,6 +206,7 @@ class TreeExplorer:
             widget.data[4].update(x=[x[i] for i in ring], y=[y[i] for i in ring], mode="markers", hoverinfo="skip",
                                   marker=dict(size=24, color="rgba(0,0,0,0)", line=dict(color="#ff7f0e", width=3)))
             widget.layout.update(title=dict(text=f"{method} @ {budget}: " + fig.layout.title.text, font=dict(size=12)),
+                                 height=min(700, fig.layout.height),
                                  xaxis=fig.layout.xaxis, yaxis=fig.layout.yaxis, legend=fig.layout.legend)
         self.texts[side].value = round_html(result, r, self.decode, self.controls["prompt"].value)
         self.nodes[side].value = node_html(info)

@@ -94,6 +94,11 @@ def _nodes(name, idx, x, y, hover, marker, text=None) -> go.Scatter:
                       hovertext=[hover[i] for i in idx], hoverinfo="text", marker=marker)
 
 
+def tree_height(rows: int) -> int:
+    """Figure height in pixels for a tree of ``rows`` leaves: ~26 px a row, between 360 and 1200."""
+    return min(1200, max(360, 26 * rows + 160))
+
+
 LABEL_LIMIT = 80  # trees up to this many nodes carry token text on every node (bigger ones: hover only)
 
 
@@ -130,7 +135,8 @@ def tree_figure(round_or_tree, *, decode: Decode | None = None, target_choice: S
     colour = dict(colorscale=SCORE_SCALE, colorbar=dict(title=dict(text="cum. log-prob")),
                   cmin=min(score), cmax=max(score)) if max(score) > min(score) else dict(colorscale=SCORE_SCALE)
 
-    fig = _figure(title or _tree_title(tree, round_or_tree, path, decode),
+    rows = int(max(y)) + 1  # leaves, one per row: room for a label on each
+    fig = _figure(title or _tree_title(tree, round_or_tree, path, decode), height=tree_height(rows),
                   xaxis=dict(title=dict(text="depth"), dtick=1),
                   yaxis=dict(autorange="reversed", showticklabels=False, showgrid=False))
     ex, ey = _edges(x, y, [(p, c) for c, p in enumerate(parents) if p >= 0])

@@ -306,6 +306,9 @@ def test_tree_figure_labels_every_node():
     assert off["mode"] == "markers" and off.get("text") is None
     big = best_prefix(torch.randn(6, 50).log_softmax(-1), viz.LABEL_LIMIT, root=1)  # LABEL_LIMIT + 1 nodes
     assert trace(viz.tree_figure(big), "nodes")["mode"] == "markers"
+    rows = int(max(viz.tree_layout(big)[1])) + 1
+    assert viz.tree_figure(big).to_dict()["layout"]["height"] == viz.tree_height(rows) > 360
+    assert viz.tree_figure(chain4()).to_dict()["layout"]["height"] == 360  # one row: the minimum
 
 
 # ----------------------------------------------------------------------------- one round, stage by stage
