@@ -401,7 +401,7 @@ def acceptance_table(rows: Sequence[dict]) -> go.Figure:
     fill = [["#e8f5e9" if r["verdict"] == "✅" else "#fdecea" if r["verdict"] == "❌" else "#fff8e1"
              for r in rows]] * len(cols)
     fig = _figure("Verification along the accepted path", "❌ rows: what the target wrote instead; "
-                  "⭐ the bonus token")
+                  "⭐ the bonus token", height=170 + 24 * len(rows))
     fig.add_trace(go.Table(header=dict(values=cols, fill_color="#eeeeee", align="left"),
                            cells=dict(values=cells, fill_color=fill, align="left")))
     return fig
@@ -418,8 +418,10 @@ def tree_mask(tree: Tree, decode: Decode | None = None, past_len: int = 0) -> go
         mask = torch.cat([torch.ones(len(tree), 1, dtype=torch.bool), mask], dim=1)
         keys = [f"prefix ({past_len})"] + names
     fig = _figure(f"Verify mask of the tree verified ({len(tree)} nodes)", "blue: may attend",
-                  xaxis=dict(title=dict(text="key"), type="category", tickangle=-60),
-                  yaxis=dict(title=dict(text="query"), type="category", autorange="reversed"))
+                  height=tree_height(len(tree)) + 60,
+                  xaxis=dict(title=dict(text="key"), type="category", tickangle=-60, tickmode="array", tickvals=keys),
+                  yaxis=dict(title=dict(text="query"), type="category", autorange="reversed", tickmode="array",
+                             tickvals=names))
     fig.add_trace(_mask_heatmap(mask, keys, names))
     return fig
 

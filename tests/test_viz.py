@@ -332,6 +332,7 @@ def test_acceptance_table():
     assert list(table["cells"]["values"][2]) == ["✅", "❌", "⭐"]
     assert list(table["cells"]["values"][3]) == ["'a'", "'a'", "'c'"]
     assert table["cells"]["fill"]["color"][0][1] != table["cells"]["fill"]["color"][0][0]
+    assert viz.acceptance_table(rows * 10).to_dict()["layout"]["height"] > viz.acceptance_table(rows).to_dict()["layout"]["height"]
     with pytest.raises(ValueError, match="at least one row"):
         viz.acceptance_table([])
 
@@ -343,6 +344,8 @@ def test_tree_mask_is_the_ancestor_mask_plus_the_prefix():
     assert z[:, 0].all()
     assert torch.equal(z[:, 1:].bool(), ancestor_mask(tree_a().parents))
     assert len(viz.tree_mask(tree_a()).to_dict()["data"][0]["x"]) == 7
+    layout = viz.tree_mask(tree_a(), decode=decode).to_dict()["layout"]
+    assert list(layout["yaxis"]["tickvals"]) == [f"{i}:t{10 + i}" for i in range(7)]  # every row labelled
 
 
 def test_verify_cost():
