@@ -320,7 +320,7 @@ def budget_curve(rows: Sequence[dict], y: str = "tau") -> go.Figure:
     methods = list(dict.fromkeys(m for m, _ in series))
     datasets = list(dict.fromkeys(d for _, d in series))
     budgets = sorted({b for pts in series.values() for b in pts})
-    fig = _figure(f"{y} against draft budget", CONVENTIONS,
+    fig = _figure(f"{y} against draft budget", CONVENTIONS, height=max(450, 22 * len(series) + 160),  # legend fits
                   xaxis=dict(title=dict(text="budget (draft nodes, root excluded)"), type="log",
                              tickvals=budgets, ticktext=[str(b) for b in budgets]),
                   yaxis=dict(title=dict(text=y)), legend=dict(title=dict(text="method")))

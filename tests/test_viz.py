@@ -256,6 +256,8 @@ def test_budget_curve_datasets_use_dashes():
     assert len(d["data"]) == 2
     assert {t["line"]["dash"] for t in d["data"]} == {"solid", "dash"}
     assert len({t["line"]["color"] for t in d["data"]}) == 1  # one method, one colour
+    many = [dict(r, dataset=f"d{k}") for r in ROWS[:3] for k in range(20)]  # 20 legend entries
+    assert viz.budget_curve(many).to_dict()["layout"]["height"] > d["layout"]["height"] == 450
 
 
 @pytest.mark.parametrize("rows,y,match", [
