@@ -146,6 +146,7 @@ def tree_figure(round_or_tree, *, decode: Decode | None = None, target_choice: S
         idx = list(range(len(tree)))
         fig.add_trace(_nodes("nodes", idx, x, y, hover, dict(
             size=size, symbol=symbols, color=score, line=dict(color="white", width=1), **colour), text))
+        fig.update_traces(showlegend=False, selector=dict(name="nodes"))  # one trace: the colour bar says it all
         return fig
     fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0))  # clear of the colour bar
     ex, ey = _edges(x, y, zip(path[:-1], path[1:]))

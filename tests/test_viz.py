@@ -81,6 +81,7 @@ def test_tree_figure_bare_tree():
     fig = viz.tree_figure(tree_a(), decode=decode)
     d = fig.to_dict()
     assert [t["name"] for t in d["data"]] == ["edges", "nodes"]
+    assert trace(fig, "nodes")["showlegend"] is False
     nodes = trace(fig, "nodes")
     assert list(nodes["customdata"]) == list(range(7))
     assert list(nodes["marker"]["color"]) == pytest.approx(SCORES)
