@@ -9,7 +9,9 @@ markdown cell after the figure, for readers without a kernel). For 03 it then te
 person uses it: it reruns the explorer's cell, shoots it, picks another method in a dropdown and clicks
 a node, checks that the figure title and the node panel changed, and shoots it again. $JETFLOW_DATA_DIR and
 $JETFLOW_HEADS_DIR pass through from the environment. Needs `pip install playwright` and a Chromium
-($CHROMIUM, default /usr/bin/chromium). A dev tool, not part of the library.
+($CHROMIUM, default /usr/bin/chromium); run it with the Python whose JupyterLab holds the plotly, anywidget
+and widgets extensions (from another environment, point $JUPYTER_PATH at that one's share/jupyter, or no
+figure renders). A dev tool, not part of the library.
 """
 import argparse
 import contextlib
