@@ -18,7 +18,7 @@ matches x length) runs once for all budgets past that size; those rows share the
 
 Long benches resume: with ``journal=FILE`` (the CLI's ``--out DIR`` uses ``DIR/runs.jsonl``) every
 finished prompt is appended to FILE, and a rerun of the same command decodes only the prompts that are
-not there yet (``Journal``).
+not there yet (``jetflow.journal``).
 
 ``run_auto`` picks each tree method's budget with ``budget.py`` first. A ``BenchConfig`` is one whole
 setup and ``PRESETS`` name some (``cpu``, ``qwen3-8b``): ``BenchConfig.from_name`` -> ``prompt_sets`` ->
@@ -28,68 +28,50 @@ statistics are ``jetflow.metrics`` and the tables ``jetflow.report``.
 """
 from __future__ import annotations
 
-import hashlib
-import json
+import contextlib
 import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, astuple, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
-import transformers
 from tqdm.auto import tqdm
 
+from . import jsonl
 from . import methods as registry
 from .data import DATASETS
-from .decode import generate
+from .decode import check_temperature, generate
 from .flags import comma_list, option
 from .metrics import RoundStat, predicted_speedups, summarize
 from .provenance import environment
 from .report import CHAIN_NOTE, HF_NOTE
 from .report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
 from .report import write_rows as write
+from .journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
 from .proposers import make_proposer
 from .target import DTYPES, Target
 
 
 
-@dataclass
-class Run:
-    """One prompt decoded by one configuration."""
-    tokens: list[int]          # generated ids
-    decode_tokens: int         # tokens produced inside the timed decode region
-    decode_s: float
-    prefill_s: float | None    # None where not separable (hf)
-    rounds: list[RoundStat] = field(default_factory=list)  # empty for hf
-
-    def to_json(self) -> dict:
-        return {"tokens": self.tokens, "decode_tokens": self.decode_tokens, "decode_s": self.decode_s,
-                "prefill_s": self.prefill_s, "rounds": [astuple(r) for r in self.rounds]}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> Run:
-        return cls(list(d["tokens"]), d["decode_tokens"], d["decode_s"], d["prefill_s"],
-                   [RoundStat(*r) for r in d["rounds"]])
-
-
 # ----------------------------------------------------------------------------- running
 @dataclass
-class Config:
+class Variant:
+    """One method at one budget, as a bench decodes it (with its proposer, built once)."""
     method: str
     budget: int | None         # None for budget-free methods
     proposer: object = None    # None for ar and hf methods
-    same_as: int | None = None  # index of an earlier config drafting the very same trees (not rerun)
+    same_as: int | None = None  # index of an earlier variant drafting the very same trees (not rerun)
 
 
-def configs(target: Target, methods: Sequence[str], budgets, heads=None) -> list[Config]:
+def variants(target: Target, methods: Sequence[str], budgets, heads=None) -> list[Variant]:
     """AR first, then each method in the given order; ``budgets`` is a list or method -> list."""
     registry.check(methods)
-    out = [Config("ar", None)]
+    out = [Variant("ar", None)]
     for m in dict.fromkeys(methods):
         if registry.method(m).budget_free and m != "ar":
-            out.append(Config(m, None))
+            out.append(Variant(m, None))
         elif m != "ar":
             sizes = list(budgets.get(m, ()) if isinstance(budgets, Mapping) else budgets)
             if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
@@ -98,7 +80,7 @@ def configs(target: Target, methods: Sequence[str], budgets, heads=None) -> list
             first: dict[int, int] = {}  # effective budget -> index of its config
             for b in sizes:
                 eff = _effective_budget(m, proposer, b)
-                out.append(Config(m, b, proposer, first.get(eff)))
+                out.append(Variant(m, b, proposer, first.get(eff)))
                 first.setdefault(eff, len(out) - 1)
     return out
 
@@ -116,7 +98,7 @@ def _sync(device: torch.device) -> None:
 
 
 def hf_generate(target: Target, ids: torch.Tensor, max_new_tokens: int, temperature: float,
-                seed: int | None, **extra) -> Run:
+                seed: int | None, **extra) -> PromptRun:
     """transformers ``generate`` on the same ids and stop tokens, timed end to end."""
     inp = ids[None].to(target.device)
     if temperature > 0:  # plain softmax sampling, as in our loop
@@ -133,18 +115,18 @@ def hf_generate(target: Target, ids: torch.Tensor, max_new_tokens: int, temperat
     _sync(target.device)
     seconds = time.perf_counter() - t0
     tokens = out[0, ids.numel():].tolist()
-    return Run(tokens, len(tokens), seconds, None)
+    return PromptRun(tokens, len(tokens), seconds, None)
 
 
-def run_config(target: Target, cfg: Config, ids: torch.Tensor, max_new_tokens: int, temperature: float,
-               seed: int | None) -> Run:
+def run_config(target: Target, cfg: Variant, ids: torch.Tensor, max_new_tokens: int, temperature: float,
+               seed: int | None) -> PromptRun:
     """Decode one prompt (1-D ids) with one configuration."""
     hf_kwargs = registry.method(cfg.method).hf_kwargs
     if hf_kwargs is not None:
         return hf_generate(target, ids, max_new_tokens, temperature, seed, **dict(hf_kwargs))
     res = generate(target, ids, cfg.proposer, budget=cfg.budget or 1, max_new_tokens=max_new_tokens,
                    temperature=temperature, seed=seed)
-    return Run(res.tokens, sum(len(r.committed) for r in res.rounds), res.decode_s, res.prefill_s,
+    return PromptRun(res.tokens, sum(len(r.committed) for r in res.rounds), res.decode_s, res.prefill_s,
                [RoundStat.of(r) for r in res.rounds])
 
 
@@ -162,85 +144,6 @@ def _encode_all(target: Target, prompts_by_dataset, room: int) -> dict[str, list
     return out
 
 
-# ----------------------------------------------------------------------------- resume
-def head_fingerprint(proposer) -> str | None:
-    """sha256 (first 16 hex digits) of a head proposer's weights; None for proposers without a head."""
-    head = getattr(proposer, "head", None)
-    if head is None:
-        return None
-    digest = hashlib.sha256()
-    for name, tensor in sorted(head.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-class Journal:
-    """The measured runs of a bench, appended prompt by prompt to a JSON-lines file, so that rerunning an
-    interrupted bench resumes instead of starting over.
-
-    Line 1 holds the settings that must not change between the parts of one run (new tokens, temperature,
-    dtype, device, model); each further line one run: dataset, prompt index and id, configuration
-    (``method@budget``), head fingerprint and the run. A prompt's runs are written together once all its
-    configurations are done, so a prompt is either skipped whole or decoded again whole: AR and the
-    other methods of one prompt always come from the same stretch of time. Adding methods or budgets
-    later reruns every prompt that lacks one of them."""
-
-    def __init__(self, path: str | os.PathLike, settings: Mapping):
-        self.path, self.settings = Path(path), dict(settings)
-        self.runs: dict[tuple[str, int], dict[str, dict]] = {}
-        if not self.path.exists():
-            return
-        lines = self.path.read_text().splitlines()
-        try:
-            header = json.loads(lines[0])["settings"] if lines else self.settings
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(f"{self.path} is not a bench journal; move it away or choose another --out") from None
-        changed = {k: (header.get(k), v) for k, v in self.settings.items() if header.get(k) != v}
-        if changed:
-            diff = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-            raise ValueError(f"{self.path} was measured with other settings ({diff}); delete it to start over "
-                             f"or choose another --out")
-        for n, line in enumerate(lines[1:], start=2):
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                if n == len(lines):  # a write cut short by an interruption: that prompt runs again
-                    break
-                raise ValueError(f"{self.path}, line {n}: not JSON") from None
-            self.runs.setdefault((entry["dataset"], entry["index"]), {})[entry["config"]] = entry
-
-    def done(self, dataset: str, index: int, prompt_id, needed: Mapping[str, str | None]) -> dict[str, Run] | None:
-        """The journaled runs of one prompt, keyed by configuration, if ``needed`` (configuration -> head
-        fingerprint) are all there; None if the prompt must be decoded (again)."""
-        have = self.runs.get((dataset, index), {})
-        if any(e["id"] != prompt_id for e in have.values()):
-            raise ValueError(f"{self.path}: prompt {index} of {dataset!r} was {next(iter(have.values()))['id']!r}, "
-                             f"now {prompt_id!r}; the prompts changed, so delete the journal or choose another --out")
-        stale = [c for c, fp in needed.items() if c in have and have[c]["head"] != fp]
-        if stale:
-            raise ValueError(f"{self.path}: {', '.join(stale)} on {dataset!r} was measured with another head; "
-                             f"delete the journal to measure the new head, or choose another --out")
-        if not all(c in have for c in needed):
-            return None
-        return {c: Run.from_json(have[c]["run"]) for c in needed}
-
-    def record(self, dataset: str, index: int, prompt_id, runs: Mapping[str, tuple[str | None, Run]]) -> None:
-        """Append one prompt's runs (configuration -> (head fingerprint, run)) and flush them to disk."""
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps({"settings": self.settings})] if new else []
-        for config, (fp, run_) in runs.items():
-            entry = {"dataset": dataset, "index": index, "id": prompt_id, "config": config, "head": fp,
-                     "run": run_.to_json()}
-            lines.append(json.dumps(entry))
-            self.runs.setdefault((dataset, index), {})[config] = entry
-        with open(self.path, "a") as f:
-            f.write("\n".join(lines) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-
 def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str, Sequence[dict]], budgets, *,
         max_new_tokens: int = 256, heads: Mapping[str, str] | None = None, temperature: float = 0.0,
         progress: bool = True, warmup: bool = True, journal: str | os.PathLike | None = None) -> list[dict]:
@@ -253,47 +156,57 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    cfgs = configs(target, methods, budgets, heads)
+    check_temperature(temperature)
+    cfgs = variants(target, methods, budgets, heads)
     encoded = _encode_all(target, prompts_by_dataset, max_new_tokens + max(c.budget or 1 for c in cfgs) + 1)
     ids_of = {ds: [p.get("id", i) for i, p in enumerate(ps)] for ds, ps in prompts_by_dataset.items()}
     todo = {k: cfg for k, cfg in enumerate(cfgs) if cfg.same_as is None}
     names = {k: cfg.method if cfg.budget is None else f"{cfg.method}@{cfg.budget}" for k, cfg in todo.items()}
     by_proposer = {id(cfg.proposer): head_fingerprint(cfg.proposer) for cfg in todo.values()}  # hash each head once
     prints = {k: by_proposer[id(cfg.proposer)] for k, cfg in todo.items()}
-    book = None if journal is None else Journal(journal, {
-        "model": target.name, "dtype": str(target.dtype).removeprefix("torch."), "device": target.device.type,
-        "max_new_tokens": max_new_tokens, "temperature": temperature})
-    needed = {names[k]: prints[k] for k in todo}
-    resumed = {(ds, i): got for ds in encoded for i in range(len(encoded[ds]))
-               if book and (got := book.done(ds, i, ids_of[ds][i], needed)) is not None}
-    if warmup and len(resumed) < sum(map(len, encoded.values())):
-        first = next(iter(encoded.values()))[0]
-        for cfg in todo.values():
-            run_config(target, cfg, first, min(4, max_new_tokens), temperature, 0)
-    runs: dict[tuple[str, int], list[Run]] = {(ds, k): [] for ds in encoded for k in range(len(cfgs))}
-    bar = tqdm(total=sum(map(len, encoded.values())) * len(todo), disable=not progress, unit="gen")
-    if resumed:
-        tqdm.write(f"resuming from {journal}: {len(resumed)} prompt(s) already measured", file=sys.stderr)
-    for ds, prompts in encoded.items():
-        for i, ids in enumerate(prompts):
-            done = resumed.get((ds, i))
-            for k, cfg in todo.items():
-                if done is None:
-                    bar.set_description(f"{names[k]} {ds} prompt {i + 1}/{len(prompts)}")
-                    runs[ds, k].append(run_config(target, cfg, ids, max_new_tokens, temperature, i))
-                else:
-                    runs[ds, k].append(done[names[k]])
-                bar.update()
-            if book and done is None:
-                book.record(ds, i, ids_of[ds][i], {names[k]: (prints[k], runs[ds, k][-1]) for k in todo})
+    with jsonl.locked(journal) if journal is not None else contextlib.nullcontext():
+        book = None if journal is None else Journal(
+            journal, journal_settings(target, max_new_tokens, temperature, prompts_by_dataset))
+        shas = {ds: [text_sha(p["prompt"]) for p in ps] for ds, ps in prompts_by_dataset.items()}
+        needed = {names[k]: prints[k] for k in todo}
+        resumed = {(ds, i): got for ds in encoded for i in range(len(encoded[ds]))
+                   if book and (got := book.done(ds, i, ids_of[ds][i], needed, shas[ds][i])) is not None}
+        if warmup and len(resumed) < sum(map(len, encoded.values())):
+            first = next(iter(encoded.values()))[0]
+            for cfg in todo.values():
+                run_config(target, cfg, first, min(4, max_new_tokens), temperature, 0)
+        runs: dict[tuple[str, int], list[PromptRun]] = {(ds, k): [] for ds in encoded for k in range(len(cfgs))}
+        bar = tqdm(total=sum(map(len, encoded.values())) * len(todo), disable=not progress, unit="gen")
+        if resumed:
+            tqdm.write(f"resuming from {journal}: {len(resumed)} prompt(s) already measured", file=sys.stderr)
+        for ds, prompts in encoded.items():
+            for i, ids in enumerate(prompts):
+                done = resumed.get((ds, i))
+                for k, cfg in todo.items():
+                    if done is None:
+                        bar.set_description(f"{names[k]} {ds} prompt {i + 1}/{len(prompts)}")
+                        runs[ds, k].append(run_config(target, cfg, ids, max_new_tokens, temperature, i))
+                    else:
+                        runs[ds, k].append(done[names[k]])
+                    bar.update()
+                if book and done is None:
+                    book.record(ds, i, ids_of[ds][i], {names[k]: (prints[k], runs[ds, k][-1]) for k in todo},
+                                shas[ds][i])
     bar.close()
+    return _rows(target, cfgs, list(encoded), runs)
+
+
+def _rows(target: Target, cfgs: Sequence[Variant], datasets: Sequence[str],
+          runs: Mapping[tuple[str, int], list[PromptRun]]) -> list[dict]:
+    """One row per variant x dataset against AR (variant 0); a variant drafting another's very trees
+    reads that one's runs and names its budget (``same_as_budget``)."""
     env = environment(target)
     return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
              **summarize(runs[ds, k if cfg.same_as is None else cfg.same_as], runs[ds, 0]), **env,
              **({"note": HF_NOTE} if not registry.method(cfg.method).decodes else {}),
              **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget), "same_as_budget": cfgs[cfg.same_as].budget}
                 if cfg.same_as is not None else {})}
-            for ds in encoded for k, cfg in enumerate(cfgs)]
+            for ds in datasets for k, cfg in enumerate(cfgs)]
 
 
 def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets: Sequence[int], *,
@@ -413,8 +326,7 @@ def _check_settings(cfg: BenchConfig) -> None:
         raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     if cfg.limit is not None and cfg.limit < 1:
         raise ValueError(f"limit must be >= 1, got {cfg.limit}")
-    if cfg.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {cfg.temperature}")
+    check_temperature(cfg.temperature)
     if cfg.prompts_file is None:
         bad = [d for d in cfg.datasets if d not in DATASETS]
         if bad:

@@ -37,6 +37,8 @@ def _quiet() -> None:
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    from huggingface_hub.utils import logging as hub_logging
+    hub_logging.set_verbosity_error()
 
 
 def _emit(rows: list[dict], args, module) -> int:
@@ -66,6 +68,18 @@ def _heads(args) -> dict[str, str]:
     return {kind: path for kind in registry.HEAD_KINDS if (path := getattr(args, f"{kind}_head"))}
 
 
+def _check_io(args, cfg) -> None:
+    """Output, prompt and head inputs of bench/replay, checked before any model loads."""
+    from . import checks
+    if args.out:
+        checks.writable_dir(args.out, "--out")
+    checks.prompts_file(cfg.prompts_file)
+    if cfg.prompts_file is None:
+        checks.data_source(cfg.data_dir)
+    for kind in registry.HEAD_KINDS:
+        checks.head_dir(getattr(args, f"{kind}_head"), f"--{kind}-head")
+
+
 # ----------------------------------------------------------------------------- demo and generate
 DEMO_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number, with a docstring and an example.",
@@ -73,7 +87,18 @@ DEMO_PROMPTS = (
 )
 
 
+def _check_demo_args(args) -> None:
+    from . import checks
+    checks.positive(prompts=args.prompts, budget=args.budget)
+    if args.prompts > len(DEMO_PROMPTS):
+        raise ValueError(f"--prompts must be at most {len(DEMO_PROMPTS)}, got {args.prompts}")
+    if args.max_new_tokens < 2:  # one token is the prefill's: no decode round to time or compare
+        raise ValueError(f"--max-new-tokens must be >= 2 for the demo (it times decoding after the first "
+                         f"token), got {args.max_new_tokens}")
+
+
 def cmd_demo(args) -> int:
+    _check_demo_args(args)
     from .decode import generate
     from .proposers import make_proposer, shipped_head_dir
     from .target import load_target
@@ -116,12 +141,14 @@ def _check_generate_args(args) -> None:
             raise ValueError(f"--budget must be >= 1, got {args.budget}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    from .decode import check_temperature
+    check_temperature(args.temperature, "--temperature")
 
 
 def cmd_generate(args) -> int:
+    from . import checks
     _check_generate_args(args)
+    checks.head_dir(args.head, "--head")
     from .decode import generate
     from .proposers import make_proposer
     from .target import load_target
@@ -180,6 +207,14 @@ class RegenerateConfig:
     data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
 
 
+def default_regen_out(cfg: RegenerateConfig) -> Path:
+    """The default output names the model, dtype and n: answers of another target never share a file."""
+    from .data import cache_dir
+    from .target import EMBEDDED
+    model = (cfg.model or EMBEDDED).rstrip("/").replace("/", "--")
+    return cache_dir() / f"regen-{model}-{cfg.dtype}-{cfg.n}.jsonl"
+
+
 def regenerate_command(cfg: RegenerateConfig, out: Path) -> str:
     """The ``python -m jetflow regenerate`` line that (re)makes ``out`` with these settings."""
     return command_line(replace(cfg, out=out.name), RegenerateConfig(), ["python", "-m", "jetflow", "regenerate"],
@@ -187,14 +222,19 @@ def regenerate_command(cfg: RegenerateConfig, out: Path) -> str:
 
 
 def cmd_regenerate(args) -> int:
-    from .data import cache_dir, regenerate, training_prompts
+    from . import checks
+    from .data import regenerate, training_prompts
     from .target import load_target
     cfg = RegenerateConfig(**given(args, RegenerateConfig))
-    out = Path(cfg.out) if cfg.out else cache_dir() / f"regen-{cfg.n}.jsonl"
-    prompts = training_prompts(cfg.n, seed=cfg.seed, data_dir=cfg.data_dir)
+    checks.positive(n=cfg.n, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+                    max_prompt_tokens=cfg.max_prompt_tokens)
+    out = Path(cfg.out) if cfg.out else default_regen_out(cfg)
+    checks.writable_file(out, "--out")
+    checks.data_source(cfg.data_dir)
+    prompts = checks.prompt_source(lambda: training_prompts(cfg.n, seed=cfg.seed, data_dir=cfg.data_dir))
     target = load_target(cfg.model, dtype=cfg.dtype)
     regenerate(target, prompts, out, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
-               max_prompt_tokens=cfg.max_prompt_tokens)
+               max_prompt_tokens=cfg.max_prompt_tokens, settings={"seed": cfg.seed, "n": cfg.n})
     meta = out.with_name(out.name + ".meta.json")  # read by training provenance
     meta.write_text(json.dumps({"command": regenerate_command(cfg, out)}) + "\n")
     print(out)
@@ -214,8 +254,11 @@ def train_config(args):
 
 
 def cmd_train(args) -> int:
+    from . import checks
     from .train import train
+    checks.head_dir(args.init if args.init not in (None, "target", "random") else None, "--init")
     cfg = train_config(args)
+    checks.writable_dir(cfg.out, "--out")
     _, history = train(cfg)
     print(json.dumps({k: history[-1][k] for k in ("step", "loss", "acc", "sim_tau")}))
     print(Path(cfg.out) / "PROVENANCE.md" if history[-1]["step"] == cfg.steps else Path(cfg.out))
@@ -232,10 +275,11 @@ def add_train(sub) -> None:
 
 # ----------------------------------------------------------------------------- measuring
 def cmd_bench(args) -> int:
-    from . import bench
+    from . import bench, checks
     from .target import load_target
     cfg = bench.BenchConfig.from_name(args.preset, **given(args, bench.BenchConfig), heads=_heads(args))
-    prompts = bench.prompt_sets(cfg)
+    _check_io(args, cfg)
+    prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))
     target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device, chat_kwargs=cfg.chat_template_kwargs)
     journal = Path(args.out) / "runs.jsonl" if args.out else None
     rows = bench.run_settings(target, cfg, prompts, progress=not args.json, journal=journal)
@@ -253,14 +297,15 @@ def add_bench(sub) -> None:
 
 
 def cmd_replay(args) -> int:
-    from . import replay
+    from . import checks, replay
     from .bench import prompt_sets
     from .data import cache_dir
     from .target import load_target
     cfg = replay.ReplayConfig(**given(args, replay.ReplayConfig), heads=_heads(args))
-    prompts = prompt_sets(cfg)
+    _check_io(args, cfg)
+    cache = checks.writable_dir(Path(cfg.cache) if cfg.cache else cache_dir() / "replay", "--cache")
+    prompts = checks.prompt_source(lambda: prompt_sets(cfg))
     target = load_target(cfg.model, dtype="float32")
-    cache = Path(cfg.cache) if cfg.cache else cache_dir() / "replay"
     traces = {ds: replay.ar_traces(target, ps, cfg.max_new_tokens, dataset=ds, progress=not args.json,
                                    cache=cache / f"ar-{target.name.replace('/', '--')}-{ds}.jsonl")
               for ds, ps in prompts.items()}
@@ -387,5 +432,14 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as err:  # e.g. permission denied or a full disk while writing: the file and the reason
+        print(f"error: {err.filename or ''}: {err.strerror or err}; free space or fix permissions and rerun "
+              "(finished work is kept and resumes)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _one_line(err: Exception) -> str:
+    """An error message on one line (library messages sometimes span several)."""
+    return " ".join(str(err).split())

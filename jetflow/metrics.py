@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # for the annotations only: metrics imports no other jetflow module
-    from .bench import Run
+    from .journal import PromptRun
     from .decode import Round
 
 
@@ -82,7 +82,7 @@ def round_stats(rounds: Sequence[Round | RoundStat]) -> dict:
             "verify_tokens": verify_tokens(rounds)}
 
 
-def summarize(runs: Sequence[Run], ar_runs: Sequence[Run]) -> dict:
+def summarize(runs: Sequence[PromptRun], ar_runs: Sequence[PromptRun]) -> dict:
     """Row statistics of one configuration against the AR runs of the same prompts."""
     rounds = [r for run in runs for r in run.rounds]
     tokens, secs = sum(r.decode_tokens for r in runs), sum(r.decode_s for r in runs)

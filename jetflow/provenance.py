@@ -8,7 +8,6 @@ token counts, wall time, versions and its final evaluation.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from collections import Counter
@@ -22,7 +21,7 @@ import transformers
 from . import hardware
 
 if TYPE_CHECKING:
-    from .train import Progress, Run
+    from .train import Progress, TrainingRun
 
 TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
             "of the argmax at every depth (a budget of D = Q-1 draft nodes, root excluded)")
@@ -34,12 +33,12 @@ def environment(target) -> dict:
             "torch": torch.__version__, "transformers": transformers.__version__, "hardware": hardware.describe()}
 
 
-def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) -> dict:
+def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[dict]) -> dict:
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
-    from .train import command_for, lineage  # train.py calls this at the end of a run
+    from .train import command_for, data_sha256, lineage  # train.py calls this at the end of a run
     cfg, path = run.cfg, Path(run.cfg.data)
     data = {"file": path.name, "path": str(path.resolve()),
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "sequences": len(rows),
+            "sha256": data_sha256(path), "sequences": len(rows),
             "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
             "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
     meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from . import jsonl
 from .data import load_regenerated
 from .flags import command_line, option
 from .checkpoint import init_from_target
@@ -262,7 +263,8 @@ class Progress:
 
 
 @dataclass
-class Run:
+class TrainingRun:
+    """One training run as it goes: the config, the frozen target, accelerate's prepared objects, the data."""
     cfg: TrainConfig
     target: object
     accelerator: object
@@ -278,7 +280,7 @@ class Run:
         return self.accelerator.unwrap_model(self.blocks).head
 
 
-def train_step(run: Run, first: int) -> tuple[float, Counter]:
+def train_step(run: TrainingRun, first: int) -> tuple[float, Counter]:
     """Accumulate the sequences at data positions first .. first+seqs_per_step-1 (this process's
     share), clip, step. -> mean loss over all processes, token counts."""
     cfg, acc = run.cfg, run.accelerator
@@ -303,22 +305,49 @@ def train_step(run: Run, first: int) -> tuple[float, Counter]:
     return float(loss), Counter(dict(zip(("context_tokens", "response_tokens", "supervised_slots"), counts)))
 
 
-def save_checkpoint(run: Run, progress: Progress) -> None:
-    """accelerate state (head, AdamW, scheduler, RNG) + train_state.json, swapped in by renames so an
-    interruption leaves the previous checkpoint whole."""
+def save_checkpoint(run: TrainingRun, progress: Progress) -> None:
+    """accelerate state (head, AdamW, scheduler, RNG) + train_state.json, swapped in by renames so a kill
+    at any point leaves a whole checkpoint (``checkpoint``, or ``checkpoint.old`` between the renames)."""
     ckpt, tmp, old = run.out / "checkpoint", run.out / "checkpoint.tmp", run.out / "checkpoint.old"
+    if run.accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # a save cut short: never the only copy
+    run.accelerator.wait_for_everyone()
     run.accelerator.save_state(str(tmp))
     if run.accelerator.is_main_process:
-        state = asdict(progress) | {"config": asdict(run.cfg)}
-        (tmp / "train_state.json").write_text(json.dumps(state, indent=1) + "\n")
-        if ckpt.exists():
-            ckpt.rename(old)
-        tmp.rename(ckpt)
-        shutil.rmtree(old, ignore_errors=True)
+        state = asdict(progress) | {"config": asdict(run.cfg), "data_sha256": data_sha256(run.cfg.data)}
+        (tmp / "train_state.json").write_text(json.dumps(state, indent=1) + "\n")  # written last: marks tmp whole
+        _swap_in(tmp, ckpt, old)
     run.accelerator.wait_for_everyone()
 
 
-def load_checkpoint(run: Run) -> Progress:
+def _swap_in(new: Path, ckpt: Path, old: Path) -> None:
+    """Replace ``ckpt`` by the whole folder ``new``. ``old`` left by a kill is stale once ``ckpt``
+    exists (removed first), and the only whole copy while it does not (kept until ``new`` is in)."""
+    if old.exists() and ckpt.exists():
+        shutil.rmtree(old)
+    if ckpt.exists():
+        ckpt.rename(old)
+    new.rename(ckpt)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def data_sha256(path: str | Path) -> str:
+    """sha256 of a data file (resume and provenance identify the data by content, not by path)."""
+    path = Path(path)
+    stat = path.stat()
+    return _sha256_of(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_checkpoint(run: TrainingRun) -> Progress:
     """Restore out/checkpoint when there is one (refusing another config's), else start at step 0."""
     ckpt = next((d for d in (run.out / "checkpoint", run.out / "checkpoint.old")
                  if (d / "train_state.json").is_file()), None)
@@ -326,6 +355,11 @@ def load_checkpoint(run: Run) -> Progress:
         return Progress()
     state = json.loads((ckpt / "train_state.json").read_text())
     free = ("eval_every", "save_every", "eval_stride")  # may change between runs without changing results
+    if "data_sha256" in state:  # the data by content: a moved or renamed file resumes, an edited one does not
+        free += ("data", "out")
+        if state["data_sha256"] != data_sha256(run.cfg.data):
+            raise ValueError(f"{run.out} holds a checkpoint trained on other data (the sha256 of {run.cfg.data} "
+                             "differs); resume with the same data file or choose a new --out")
     changed = sorted(k for k, v in asdict(run.cfg).items() if state["config"].get(k) != v and k not in free)
     if changed:
         raise ValueError(f"{run.out} holds a checkpoint of another config (differs in {changed}); "
@@ -382,7 +416,7 @@ def lineage(cfg: TrainConfig) -> list[str]:
     return [*parent.get("lineage", []), parent["command"]]
 
 
-def setup(cfg: TrainConfig, target=None) -> tuple[Run, list[dict]]:
+def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
     """Check the inputs, split the data, build head/optimiser/scheduler under accelerate."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -407,7 +441,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[Run, list[dict]]:
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.steps, cfg.warmup))
     blocks, optimizer, scheduler = accelerator.prepare(BlockForward(head), optimizer, scheduler)
-    run = Run(cfg, target, accelerator, blocks, optimizer, scheduler, train_seqs,
+    run = TrainingRun(cfg, target, accelerator, blocks, optimizer, scheduler, train_seqs,
               as_sequences(rows[-cfg.eval_seqs:], cfg.max_len), Path(cfg.out))
     run.out.mkdir(parents=True, exist_ok=True)
     return run, rows
@@ -418,17 +452,46 @@ def train(cfg: TrainConfig, target=None, *, stop_at: int | None = None, progress
     """Train, or resume from ``cfg.out``, a head as ``cfg`` says. ``stop_at`` ends this call at that
     step with a checkpoint; the same call later continues it. -> (the fp32 head, history).
     The final head (bf16) and the provenance files are written once step ``cfg.steps`` is reached."""
-    run, rows = setup(cfg, target)
-    state = load_checkpoint(run)
-    history = read_history(run, state.step)
-    last = _loop(run, state, history, min(stop_at or cfg.steps, cfg.steps), progress)
-    if state.step == cfg.steps and run.accelerator.is_main_process:
-        run.head.save_pretrained(run.out, dtype=torch.bfloat16)
-        write_provenance(run, state, last, rows)
+    if not cfg.out:
+        raise ValueError("TrainConfig.out (--out) must name an output directory")
+    check_out(cfg.out)
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)  # the lock lives inside it
+    with jsonl.locked(cfg.out) if _is_main() else contextlib.nullcontext():
+        run, rows = setup(cfg, target)
+        state = load_checkpoint(run)
+        history = read_history(run, state.step)
+        last = _loop(run, state, history, min(stop_at or cfg.steps, cfg.steps), progress)
+        if state.step == cfg.steps and run.accelerator.is_main_process:
+            run.head.save_pretrained(run.out, dtype=torch.bfloat16)
+            write_provenance(run, state, last, rows)
     return run.head, history
 
 
-def _loop(run: Run, state: Progress, history: list[dict], end: int, progress: bool) -> dict:
+OWN_FILES = {".lock", "history.jsonl", "history.jsonl.tmp", "checkpoint.tmp"}  # what a run leaves before its first checkpoint
+
+
+def check_out(out: str | Path) -> None:
+    """Refuse an output folder that holds something other than a run of ours: without a checkpoint to
+    resume from, training would overwrite its history and weights (a shipped head, another project)."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    if any((out / d / "train_state.json").is_file() for d in ("checkpoint", "checkpoint.old")):
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in OWN_FILES)
+    if foreign:
+        raise ValueError(f"--out {str(out)!r} is not empty ({', '.join(foreign[:4])}"
+                         f"{', ...' if len(foreign) > 4 else ''}) and holds no checkpoint to resume from; "
+                         "training would overwrite it: choose a new or empty --out")
+
+
+def _is_main() -> bool:
+    """Whether this is the main process of an ``accelerate launch`` (only it writes to out/)."""
+    import os
+    return os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def _loop(run: TrainingRun, state: Progress, history: list[dict], end: int, progress: bool) -> dict:
     """Steps state.step .. end-1 with logging, evaluation and checkpoints. -> the last evaluation."""
     cfg = run.cfg
     last = next((h for h in reversed(history) if h["acc"] is not None), None)
@@ -454,23 +517,26 @@ def _loop(run: Run, state: Progress, history: list[dict], end: int, progress: bo
     return last
 
 
-def _log(run: Run, history: list[dict], entry: dict, elapsed_s: float, evaluate_now: bool) -> dict | None:
+def _log(run: TrainingRun, history: list[dict], entry: dict, elapsed_s: float, evaluate_now: bool) -> dict | None:
     """Append a history entry (evaluated on the held-out sequences when due) to out/history.jsonl."""
     ev = evaluate(run.head, run.target, run.eval_seqs, stride=run.cfg.eval_stride) if evaluate_now else {}
     history.append(entry | {"acc": ev.get("acc"), "sim_tau": ev.get("sim_tau"), "elapsed_s": elapsed_s})
     if run.accelerator.is_main_process:
-        with (run.out / "history.jsonl").open("a") as f:
-            f.write(json.dumps(history[-1]) + "\n")
+        jsonl.append(run.out / "history.jsonl", [history[-1]])
     return history[-1] if evaluate_now else None
 
 
-def read_history(run: Run, step: int) -> list[dict]:
-    """out/history.jsonl up to ``step``; an interrupted run's later entries are dropped, from the file too."""
+def read_history(run: TrainingRun, step: int) -> list[dict]:
+    """out/history.jsonl up to ``step``; an interrupted run's later entries (and a torn last line) are
+    dropped, from the file too (rewritten whole, then renamed over it)."""
     path = run.out / "history.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    rows = [h for h in map(json.loads, filter(str.strip, lines)) if h["step"] <= step]
+    rows = [h for h in jsonl.read(path, repair=run.accelerator.is_main_process) if h["step"] <= step]
     if run.accelerator.is_main_process:
-        path.write_text("".join(json.dumps(h) + "\n" for h in rows))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        jsonl.append(tmp, rows)
+        tmp.touch()
+        tmp.replace(path)
     return rows
 
 

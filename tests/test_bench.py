@@ -92,8 +92,8 @@ def test_run_interleaves_prompt_by_prompt_ar_first(target, monkeypatch):
 
 
 def test_runs_round_trip_through_json():
-    run = bench.Run([1, 2], 2, 0.5, 0.1, [metrics.RoundStat.of(r) for r in HAND_ROUNDS])
-    assert bench.Run.from_json(json.loads(json.dumps(run.to_json()))) == run
+    run = bench.PromptRun([1, 2], 2, 0.5, 0.1, [metrics.RoundStat.of(r) for r in HAND_ROUNDS])
+    assert bench.PromptRun.from_json(json.loads(json.dumps(run.to_json()))) == run
 
 
 REAL_RUN_CONFIG = bench.run_config
@@ -154,10 +154,14 @@ def test_journal_refuses_other_settings_and_tolerates_a_cut_last_line(target, tm
         bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=5, **kw)
     with pytest.raises(ValueError, match="the prompts changed"):
         bench.run(target, ["ar"], {"math": PROMPTS["chat"]}, [2], max_new_tokens=4, **kw)
-    book.write_text(book.read_text()[:-20])  # the last record cut short, as by a kill mid-write
-    calls = counting(monkeypatch)
-    rows = bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=4, **kw)
-    assert calls == ["ar"] and rows[-1]["n_prompts"] == 1
+    whole = bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=4, **kw)
+    for cut in (1, 2):  # twice: a torn line must be cut off the file, not skipped and then appended onto
+        book.write_text(book.read_text()[:-20])  # the last record cut short, as by a kill mid-write
+        calls = counting(monkeypatch)
+        rows = bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=4, **kw)
+        assert calls == ["ar"] and strip_timing(rows)[-1]["tau"] == strip_timing(whole)[-1]["tau"]
+        assert [r["identical_to_ar"] for r in rows] == [r["identical_to_ar"] for r in whole]
+    assert len(book.read_text().splitlines()) == 1 + sum(map(len, PROMPTS.values()))
     (tmp_path / "other.jsonl").write_text("not a journal\n")
     with pytest.raises(ValueError, match="not a bench journal"):
         bench.Journal(tmp_path / "other.jsonl", {})
@@ -165,8 +169,8 @@ def test_journal_refuses_other_settings_and_tolerates_a_cut_last_line(target, tm
 
 def test_journal_refuses_runs_of_another_head(tmp_path):
     book = bench.Journal(tmp_path / "runs.jsonl", {"model": "m"})
-    book.record("gsm8k", 0, "p0", {"ar": (None, bench.Run([1], 1, 0.1, 0.0)),
-                                   "jetflow@16": ("aaaa", bench.Run([1], 1, 0.1, 0.0))})
+    book.record("gsm8k", 0, "p0", {"ar": (None, bench.PromptRun([1], 1, 0.1, 0.0)),
+                                   "jetflow@16": ("aaaa", bench.PromptRun([1], 1, 0.1, 0.0))})
     reread = bench.Journal(tmp_path / "runs.jsonl", {"model": "m"})
     assert reread.done("gsm8k", 0, "p0", {"ar": None, "jetflow@16": "aaaa"})["ar"].tokens == [1]
     assert reread.done("gsm8k", 1, "p1", {"ar": None}) is None

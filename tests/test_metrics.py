@@ -2,7 +2,7 @@
 import pytest
 
 from jetflow import metrics
-from jetflow.bench import Run
+from jetflow.journal import PromptRun
 from metrics_cases import HAND_ROUNDS, rnd
 
 
@@ -21,7 +21,7 @@ def test_depth_accept_conditions_on_a_drafted_child():
 
 
 def run_(tokens, n, seconds, prefill=0.1):
-    return Run(tokens, n, seconds, prefill)
+    return PromptRun(tokens, n, seconds, prefill)
 
 
 def test_speedup_is_a_ratio_of_totals():
