@@ -147,6 +147,7 @@ def _check_generate_args(args) -> None:
 
 def cmd_generate(args) -> int:
     from . import checks
+    registry.check([args.method], lambda m: m.decodes)
     _check_generate_args(args)
     checks.head_dir(args.head, "--head")
     from .decode import generate
@@ -179,8 +180,7 @@ def add_generate(sub) -> None:
     decodes = (lambda m: m.decodes)
     g = sub.add_parser("generate", help="generate one answer with a chosen method")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--method", default="ar", choices=registry.names(decodes), metavar="METHOD",
-                   help=registry.help_text(decodes))
+    g.add_argument("--method", default="ar", help=registry.help_text(decodes))
     g.add_argument("--budget", default="16", help="draft nodes excluding the root, or 'auto'")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0)
