@@ -1,4 +1,6 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|report``.
+"""jetflow: speculative decoding with a causal parallel draft head; run `jetflow COMMAND --help` for one command.
+
+The subcommands and their flags: docs/cli.md (generated from this parser by ``jetflow report --write``).
 
 Bad input ends with one ``error: ...`` line on stderr and exit status 2, never a traceback.
 """
@@ -81,8 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .demo import DemoConfig
     demo = DemoConfig()
-    d = sub.add_parser("demo", help="AR against the best methods on the embedded target, in this CPU's fast "
-                       "dtype, with an fp32 losslessness check (~2 min)")
+    d = sub.add_parser("demo", help="AR against the best methods on the embedded target (~2 min)",
+                       description="Decode the demo's prompts with AR and the kit's best CPU methods in this "
+                       "machine's fast dtype (interleaved), print text, tau and speedup per method, and check "
+                       "in fp32 that every output is identical to AR's.")
     d.add_argument("--methods", default=",".join(demo.methods), help="comma list (AR always runs first)")
     d.add_argument("--budget", type=int, default=demo.budget, help="draft nodes excluding the root")
     d.add_argument("--max-new-tokens", type=int, default=demo.max_new_tokens, help="per prompt and method")

@@ -117,7 +117,7 @@ def cmd_replay(args) -> int:
 
 
 def add_replay(sub) -> None:
-    r = sub.add_parser("replay", help="greedy tau vs budget in seconds: one AR decode, then every tree replayed")
+    r = sub.add_parser("replay", help="exact greedy tau of every tree method and budget, replayed")
     r.add_argument("--methods", default="jetflow,ddtree,dflash,jetflow-bp", help="head methods: jetflow,ddtree,dflash,jetflow-bp,"
                    "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup")
     r.add_argument("--datasets", default=None, help="comma list: gsm8k,math500,humaneval,mbpp,mt_bench,spec_bench")
@@ -160,7 +160,7 @@ def cmd_train(args) -> int:
 
 
 def add_train(sub) -> None:
-    t = sub.add_parser("train", help="train a draft head on regenerated data (rerun to resume)")
+    t = sub.add_parser("train", help="train a draft head on regenerated answers (resumable)")
     t.add_argument("--data", required=True, help="regenerated JSONL (python -m jetflow regenerate)")
     t.add_argument("--out", required=True, help="output dir; rerunning resumes from its checkpoint")
     t.add_argument("--preset", default="cpu", help="smoke | cpu | paper (default: cpu)")
@@ -210,7 +210,7 @@ def cmd_report(args) -> int:
 
 
 def add_report(sub) -> None:
-    r = sub.add_parser("report", help="the README's and docs/results.md's tables, rendered from data/results/*/rows.json")
+    r = sub.add_parser("report", help="check or rewrite the tables of README.md and docs/")
     r.add_argument("--results", default=None, help="result folders (default: data/results of this checkout)")
     r.add_argument("--root", default=None, help="the checkout whose README.md and docs/ hold the tables "
                    "(default: this one)")

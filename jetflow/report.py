@@ -176,6 +176,23 @@ def _reused(row: Mapping | None) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def cli_help(width: int = 100) -> str:
+    """``jetflow --help`` and every subcommand's ``--help`` as markdown, wrapped at ``width`` columns
+    whatever the terminal (docs/cli.md holds it, so the page cannot drift from the parser)."""
+    import argparse
+    import os
+    from .cli import build_parser
+    parser, saved = build_parser(), os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(width)  # argparse wraps at the terminal's width
+    try:
+        subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        parts = [("jetflow --help", parser.format_help())]
+        parts += [(f"jetflow {name} --help", sub.format_help()) for name, sub in subs.items()]
+    finally:
+        os.environ.pop("COLUMNS") if saved is None else os.environ.update(COLUMNS=saved)
+    return "\n\n".join(f"### `{title}`\n\n```text\n{text.rstrip()}\n```" for title, text in parts)
+
+
 # The headline: each method at its best budget in one named bf16 run (never the best of several runs).
 HEADLINE = (("ar", "cpu-table-bf16"), ("lookup", "cpu-table-bf16"), ("ddtree", "cpu-table-bf16"),
             ("jetflow", "cpu-table-bf16"), ("jetflow-bp", "cpu-speed-bf16"), ("jetflow+lookup", "cpu-merged-bf16"))
@@ -227,11 +244,13 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "replay-tau-merged": lambda res: replay_tau(res, "cpu-replay-tau-merged",
                                                   ("jetflow+lookup", "ddtree+lookup", "jetflow-bp+lookup")),
     "headline": headline,
+    "cli-help": lambda res: cli_help(),
 }
 
 
 DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout) -> its tables
     "README.md": ("headline",),
+    "docs/cli.md": ("cli-help",),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged"),
 }
