@@ -1,4 +1,4 @@
-"""The parallel draft head (METHOD.md sections 2-3): fused target taps in, one block of drafts out.
+"""The parallel draft head: fused target taps in, one block of drafts out (docs/method.md, The draft head).
 
 A few Qwen3-style decoder layers of the target's width. Queries come from the block rows
 ``[anchor, MASK x (N-1)]`` only; keys/values are the concatenation of k/v projections of the
@@ -383,7 +383,7 @@ def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.E
 
 @torch.no_grad()
 def init_from_target(head: DraftHead, target_model: nn.Module) -> None:
-    """Start the head from the target (a random init stalls, see FIELD_NOTES.md).
+    """Start the head from the target (a random init stalls, docs/field-notes.md).
 
     - head layer i <- target layer ``n - num_layers + i`` (attention, MLP, both norms); q_norm and
       k_norm start at ones when the target has none (Llama).

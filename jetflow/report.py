@@ -263,8 +263,8 @@ def _block(name: str) -> re.Pattern:
 
 
 def markers(text: str) -> list[str]:
-    """Names of the table blocks opened in a document's text, in order."""
-    return re.findall(r"<!-- table:([\w.+-]+) -->", text)
+    """Names of the table blocks opened in a document's text (a marker on a line of its own), in order."""
+    return re.findall(r"^<!-- table:([\w.+-]+) -->$", text, re.M)
 
 
 def check_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS) -> list[str]:

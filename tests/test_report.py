@@ -50,8 +50,8 @@ def test_a_stale_table_is_named_and_rewritten(tmp_path):
 
 def test_missing_markers_and_results_are_clear_errors(tmp_path, capsys):
     (tmp_path / "docs").mkdir()
-    (tmp_path / "README.md").write_text("# no tables\n")
-    (tmp_path / "docs" / "results.md").write_text("# no tables either\n")
+    for doc in report.DOCUMENTS:
+        (tmp_path / doc).write_text("# no tables\n")
     assert report.check(tmp_path) == [f"{doc}:{n}" for doc, names in report.DOCUMENTS.items() for n in names]
     with pytest.raises(ValueError, match="no <!-- table:headline -->"):
         report.update(tmp_path)
