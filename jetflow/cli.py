@@ -1,6 +1,4 @@
-"""jetflow: speculative decoding with a causal parallel draft head; run `jetflow COMMAND --help` for one command.
-
-The subcommands and their flags: docs/cli.md (generated from this parser by ``jetflow report --write``).
+"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|report``.
 
 Bad input ends with one ``error: ...`` line on stderr and exit status 2, never a traceback.
 """
@@ -83,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .demo import DemoConfig
     demo = DemoConfig()
-    d = sub.add_parser("demo", help="AR against the best methods on the embedded target (~2 min)",
+    d = sub.add_parser("demo", help="AR vs the best methods on this CPU (~2 min)",
                        description="Decode the demo's prompts with AR and the kit's best CPU methods in this "
                        "machine's fast dtype (interleaved), print text, tau and speedup per method, and check "
                        "in fp32 that every output is identical to AR's.")

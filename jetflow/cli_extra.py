@@ -117,7 +117,7 @@ def cmd_replay(args) -> int:
 
 
 def add_replay(sub) -> None:
-    r = sub.add_parser("replay", help="exact greedy tau of every tree method and budget, replayed")
+    r = sub.add_parser("replay", help="exact greedy tau of every tree and budget (replayed)")
     r.add_argument("--methods", default="jetflow,ddtree,dflash,jetflow-bp", help="head methods: jetflow,ddtree,dflash,jetflow-bp,"
                    "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup")
     r.add_argument("--datasets", default=None, help="comma list: gsm8k,math500,humaneval,mbpp,mt_bench,spec_bench")
@@ -193,30 +193,28 @@ def add_train(sub) -> None:
 
 def cmd_report(args) -> int:
     from . import report
-    root, results = Path(args.root or report.ROOT), Path(args.results or report.RESULTS)
-    docs = ", ".join(report.DOCUMENTS)
+    args.readme, args.results = Path(args.readme or report.README), Path(args.results or report.RESULTS)
     if args.write:
-        changed = report.update(root, results)
-        print(f"rewrote {len(changed)} table(s) in {docs}: {', '.join(changed) or 'none changed'}")
+        changed = report.update(args.readme, args.results)
+        print(f"rewrote {len(changed)} table(s) in {args.readme}: {', '.join(changed) or 'none changed'}")
         return 0
     if args.check:
-        stale = report.check(root, results)
-        print(f"stale or missing tables: {', '.join(stale)} (python -m jetflow report --write)"
-              if stale else f"every table of {docs} matches {results}")
+        stale = report.check(args.readme, args.results)
+        print(f"stale or missing README tables: {', '.join(stale)} (python -m jetflow report --write)"
+              if stale else f"every README table matches {args.results}")
         return 1 if stale else 0
     for name, render in report.TABLES.items():
-        print(f"<!-- table:{name} -->\n{render(results)}\n<!-- /table:{name} -->\n")
+        print(f"<!-- table:{name} -->\n{render(args.results)}\n<!-- /table:{name} -->\n")
     return 0
 
 
 def add_report(sub) -> None:
-    r = sub.add_parser("report", help="check or rewrite the tables of README.md and docs/")
+    r = sub.add_parser("report", help="check or rewrite the README and docs/ result tables")
     r.add_argument("--results", default=None, help="result folders (default: data/results of this checkout)")
-    r.add_argument("--root", default=None, help="the checkout whose README.md and docs/ hold the tables "
-                   "(default: this one)")
+    r.add_argument("--readme", default=None, help="default: README.md of this checkout")
     mode = r.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="exit 1 if a table differs from the rows")
-    mode.add_argument("--write", action="store_true", help="rewrite every table from the rows")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a README table differs from the rows")
+    mode.add_argument("--write", action="store_true", help="rewrite the README tables from the rows")
     r.set_defaults(func=cmd_report)
 
 

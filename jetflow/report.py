@@ -292,11 +292,14 @@ def update_file(path: str | Path, names: Sequence[str], results: str | Path = RE
     return changed
 
 
-def check(root: str | Path = ROOT, results: str | Path = RESULTS) -> list[str]:
-    """``DOCUMENT:NAME`` of every table in ``DOCUMENTS`` that is missing or stale (empty: all agree)."""
-    return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in check_file(Path(root) / doc, names, results)]
+def check(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
+    """``DOCUMENT:NAME`` of every table in ``DOCUMENTS`` that is missing or stale (empty: all agree); the
+    documents are found in the folder of ``readme`` (the checkout)."""
+    root = Path(readme).parent
+    return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in check_file(root / doc, names, results)]
 
 
-def update(root: str | Path = ROOT, results: str | Path = RESULTS) -> list[str]:
-    """Rewrite every table of every document; returns ``DOCUMENT:NAME`` of those that changed."""
-    return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in update_file(Path(root) / doc, names, results)]
+def update(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
+    """Rewrite every table of every document beside ``readme``; returns ``DOCUMENT:NAME`` of those that changed."""
+    root = Path(readme).parent
+    return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in update_file(root / doc, names, results)]

@@ -49,7 +49,7 @@ def test_code_points_only_at_documents_in_the_repository():
 
 
 def test_help_lists_every_subcommand_on_one_line(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("COLUMNS", "80")
     parser = build_parser()
     text = parser.format_help()
     subs = next(a for a in parser._actions if a.dest == "command")

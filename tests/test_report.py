@@ -42,19 +42,21 @@ def test_a_stale_table_is_named_and_rewritten(tmp_path):
     start = text.index("<!-- table:replay-tau -->")
     row = text.index("| GSM8K | ddtree |", start)
     results.write_text(text[:row] + text[row:].replace("| GSM8K | ddtree |", "| GSM8K | ddtree | 9.99 |", 1))
-    assert report.check(tmp_path) == ["docs/results.md:replay-tau"]
-    assert main(["report", "--check", "--root", str(tmp_path)]) == 1
-    assert report.update(tmp_path) == ["docs/results.md:replay-tau"] and results.read_text() == text
-    assert main(["report", "--check", "--root", str(tmp_path)]) == 0
+    readme = tmp_path / "README.md"
+    assert report.check(readme) == ["docs/results.md:replay-tau"]
+    assert main(["report", "--check", "--readme", str(readme)]) == 1
+    assert report.update(readme) == ["docs/results.md:replay-tau"] and results.read_text() == text
+    assert main(["report", "--check", "--readme", str(readme)]) == 0
 
 
 def test_missing_markers_and_results_are_clear_errors(tmp_path, capsys):
     (tmp_path / "docs").mkdir()
     for doc in report.DOCUMENTS:
         (tmp_path / doc).write_text("# no tables\n")
-    assert report.check(tmp_path) == [f"{doc}:{n}" for doc, names in report.DOCUMENTS.items() for n in names]
+    readme = tmp_path / "README.md"
+    assert report.check(readme) == [f"{doc}:{n}" for doc, names in report.DOCUMENTS.items() for n in names]
     with pytest.raises(ValueError, match="no <!-- table:headline -->"):
-        report.update(tmp_path)
+        report.update(readme)
     assert main(["report", "--results", str(tmp_path)]) == 2
     assert "rows.json is missing" in capsys.readouterr().err
 
