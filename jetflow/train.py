@@ -1,4 +1,4 @@
-"""Train a draft head on the target's own answers (METHOD.md section 4).
+"""Train a draft head on the target's own answers (docs/method.md, Training).
 
     cfg = TrainConfig.from_name("cpu", data="regen.jsonl", out="runs/jf")  # vary with dataclasses.replace
     head, history = train(cfg)  # out/: checkpoint/, history.jsonl, config.json + model.safetensors (bf16),
@@ -78,7 +78,7 @@ class TrainConfig:
     warmup: float = 0.04          # warmup fraction of the steps, then cosine to 0
     grad_clip: float = 1.0
     max_len: int = 3072           # truncate prompt + response
-    init: str = "target"          # "target": init_from_target; "random" stalls (FIELD_NOTES.md); or a
+    init: str = "target"          # "target": init_from_target; "random" stalls (docs/field-notes.md); or a
                                   # trained head's directory: warm start (continued training) from it
     draft_vocab: int = 0          # K > 0: draft only the K most frequent response tokens of the training
                                   # data (plus EOS): a K-row lm_head, cheaper to train and to draft with
@@ -117,7 +117,7 @@ class TrainConfig:
 PRESETS = {
     "paper": TrainConfig(),
     # 2 CPU cores, SmolLM2: ~4 s a step (1 thread, busy machine); a higher lr and gamma > 0 so the
-    # shallow depths are not swamped by the deep ones early on (FIELD_NOTES.md)
+    # shallow depths are not swamped by the deep ones early on (docs/field-notes.md)
     "cpu": TrainConfig(anchors_per_seq=32, seqs_per_step=4, steps=3000, lr=1e-3, gamma=4.0, max_len=512,
                        eval_every=100, eval_seqs=16, eval_stride=4, save_every=100, preset="cpu"),
     # seconds on a tiny model: tests and a first look at the pipeline
@@ -137,7 +137,7 @@ def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:
 def curriculum_weights(n_depths: int, cfg: "TrainConfig", step: int) -> torch.Tensor:
     """(D,) depth weights at ``step``: gamma's, or with ``gamma_start`` a linear blend that moves from
     gamma_start's weights to gamma's over the first ``curriculum`` fraction of the steps. Early in
-    training the deep, nearly unpredictable depths otherwise swamp depth 1 (FIELD_NOTES.md)."""
+    training the deep, nearly unpredictable depths otherwise swamp depth 1 (docs/field-notes.md)."""
     final = depth_weights(n_depths, cfg.gamma)
     if cfg.gamma_start is None:
         return final
@@ -191,7 +191,7 @@ def depth_accuracy(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor)
 
 
 def simulated_tau(acc) -> float:
-    """1 + sum_k prod_{i<=k} acc_i (METHOD.md section 4)."""
+    """1 + sum_k prod_{i<=k} acc_i (docs/method.md, Training)."""
     return 1.0 + float(torch.tensor(acc, dtype=torch.float64).cumprod(0).sum())
 
 
