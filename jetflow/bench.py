@@ -41,6 +41,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from . import data
 from .decode import Round, generate
 from .proposers import HEAD_METHODS, LOOKUP_MERGED, METHODS, make_proposer
 from .target import DTYPES, Target
@@ -389,6 +390,7 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
     env = environment(target)
     return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
              **summarize(runs[ds, k if cfg.same_as is None else cfg.same_as], runs[ds, 0]), **env,
+             "prompt_source": data.prompt_source(prompts_by_dataset[ds]),
              **({"note": HF_NOTE} if cfg.method in HF_METHODS else {}),
              **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget)} if cfg.same_as is not None else {})}
             for ds in encoded for k, cfg in enumerate(cfgs)]
