@@ -106,6 +106,33 @@ def cache_dir() -> Path:
     return Path(os.environ.get("JETFLOW_CACHE") or "~/.cache/jetflow").expanduser()
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+UNQUOTED_PREFIXES = ("~/", "$JETFLOW_CACHE/")  # left for the shell to expand
+
+
+def portable_path(path: str | os.PathLike) -> str:
+    """``path`` as a provenance file records it, so that it means the same on every machine: relative
+    to the repository ("data/heads/x"), else to the cache folder ("~/.cache/jetflow/x", or
+    "$JETFLOW_CACHE/x" when that is set), else to the home folder ("~/x"); anywhere else absolute."""
+    p = Path(path).expanduser().resolve()
+    cache = "$JETFLOW_CACHE" if os.environ.get("JETFLOW_CACHE") else "~/.cache/jetflow"
+    for base, shown in ((REPO_ROOT, None), (cache_dir().resolve(), cache), (Path.home().resolve(), "~")):
+        if p.is_relative_to(base):
+            rel = p.relative_to(base).as_posix()
+            return rel if shown is None else f"{shown}/{rel}" if rel != "." else shown
+    return str(p)
+
+
+def shell_join(args: list[str]) -> str:
+    """``shlex.join``, except that a leading ``~/`` or ``$JETFLOW_CACHE/`` stays unquoted for the shell."""
+    import shlex
+    out = []
+    for arg in args:
+        prefix = next((x for x in UNQUOTED_PREFIXES if arg.startswith(x)), "")
+        out.append(prefix + shlex.quote(arg[len(prefix):]) if prefix and arg[len(prefix):] else shlex.quote(arg))
+    return " ".join(out)
+
+
 # ---------------------------------------------------------------- reading rows
 
 

@@ -410,3 +410,32 @@ def test_real_data_folder():
     assert load_prompts("mbpp")[0]["id"] == "mbpp:11" and load_prompts("mbpp")[-1]["id"] == "mbpp:510"
     train = training_prompts(400, seed=0)
     assert len({p["id"] for p in train}) == 400 and not benchmark_ids & {p["id"] for p in train}
+
+
+# ---------------------------------------------------------------- portable paths (provenance)
+
+
+@pytest.mark.parametrize("path, env_cache, expected", [
+    (data.REPO_ROOT / "data" / "heads" / "x", None, "data/heads/x"),
+    ("~/.cache/jetflow/heads/regen.jsonl", None, "~/.cache/jetflow/heads/regen.jsonl"),
+    ("CACHE/heads/jetflow", "CACHE", "$JETFLOW_CACHE/heads/jetflow"),
+    ("CACHE", "CACHE", "$JETFLOW_CACHE"),
+    ("~/runs/a", None, "~/runs/a"),
+    ("/opt/elsewhere/a", None, "/opt/elsewhere/a"),
+])
+def test_portable_path(tmp_path, monkeypatch, path, env_cache, expected):
+    if env_cache:
+        monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path / env_cache))
+    else:
+        monkeypatch.delenv("JETFLOW_CACHE", raising=False)
+    path = str(path).replace("CACHE", str(tmp_path / "CACHE")) if env_cache else path
+    assert data.portable_path(path) == expected
+
+
+def test_shell_join_leaves_home_and_cache_for_the_shell_to_expand(tmp_path):
+    import subprocess
+    args = ["~/a b", "$JETFLOW_CACHE/x y", "it's", "$HOME", "~"]
+    line = data.shell_join(args)
+    out = subprocess.run(["bash", "-c", "printf '%s\\n' " + line], capture_output=True, text=True, check=True,
+                         env={"HOME": str(tmp_path), "JETFLOW_CACHE": "/c", "PATH": os.environ["PATH"]}).stdout
+    assert out.splitlines() == [f"{tmp_path}/a b", "/c/x y", "it's", "$HOME", "~"]
