@@ -252,7 +252,7 @@ def _rows(source: str, root: Path | None) -> list[dict]:
 
 
 def math_prompt(question: str) -> str:
-    """A math question with the step-by-step / \\boxed{} instruction (METHOD.md section 7)."""
+    """A math question with the step-by-step / \\boxed{} instruction of the paper's math evaluation."""
     return question.strip() + MATH_SUFFIX
 
 

@@ -1,4 +1,4 @@
-"""nbval settings for the tested notebooks (NOTEBOOKS.md).
+"""nbval settings for the tested notebooks.
 
 - Smoke mode: the kernel nbval starts inherits this process's environment, so the notebooks' first
   cell sees JETFLOW_SMOKE=1 under the test runner (small prompts, steps, budgets) and does the full
