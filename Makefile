@@ -126,12 +126,14 @@ clean:
 gpu-check: $(STAMP)
 	$(PY) -m jetflow gpu-check --out data/results/gpu-check.json
 
-# README screenshots of the notebooks as a browser shows them (JupyterLab + headless Chromium, smoke mode):
-# data/results/tree_explorer.png, budget_scaling.png and budget_speedup.png. JETFLOW_HEADS_DIR passes through.
+# Screenshots of the notebooks as a browser shows them (JupyterLab + headless Chromium, smoke mode):
+# every key figure of notebooks 00, 01, 03 and 05 as notebooks/figures/*.png (the notebooks show them for readers
+# without a kernel), and the explorer before and after a dropdown change and a node click, checked to change what
+# it shows (the browser interaction test). JETFLOW_HEADS_DIR passes through.
 .PHONY: screenshots
 screenshots: $(STAMP)
 	$(PY) -m pip install -q playwright
-	$(PY) notebooks/screenshots.py --out data/results
+	$(PY) notebooks/screenshots.py --out notebooks/figures
 
 # Retrain both shipped heads from scratch: regenerate the training answers, train the JetFlow and the DFlash head
 # side by side (one thread each, 2,200 steps), then continue both for 2,000 more steps on the same data (warm start,

@@ -14,8 +14,9 @@ import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 CHECK = "# NBVAL_CHECK_OUTPUT"
-# names whose values change with the machine or the load on it
-MACHINE_DEPENDENT = ("tokens_per_s", "speedup", "decode_s", "prefill_s", "draft_s", "verify_s", "elapsed_s",
+# names whose values change with the machine or the load on it ("speedup" is left out: a checked cell may read
+# the committed rows' speedups, which are the same on every machine)
+MACHINE_DEPENDENT = ("tokens_per_s", "decode_s", "prefill_s", "draft_s", "verify_s", "elapsed_s",
                      "wall_time", "perf_counter", "time.time", "time.monotonic", "bfloat16", "bf16", "fast_dtype")
 
 
@@ -66,7 +67,7 @@ def test_header_links_to_notebooks_that_exist(path):
     assert all((path.parent / link).is_file() for link in links), f"{path.name}: broken link in {links}"
 
 
-@pytest.mark.parametrize("text, found", [("print(r['speedup'])", ["speedup"]), ("x = elapsed_s", ["elapsed_s"]),
+@pytest.mark.parametrize("text, found", [("print(r['tokens_per_s'])", ["tokens_per_s"]), ("x = elapsed_s", ["elapsed_s"]),
                                          ("dtype=torch.bfloat16", ["bfloat16"]), ("print(r['tau'])", [])])
 def test_machine_dependent_names_are_found(text, found):
     assert [n for n in MACHINE_DEPENDENT if re.search(rf"\b{re.escape(n)}\b", text)] == found
