@@ -27,6 +27,12 @@ test: $(STAMP)
 notebooks: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
 
+# Re-execute every notebook in smoke mode, in place: the stored outputs and the checked cells (# NBVAL_CHECK_OUTPUT,
+# which `make test` compares) all come from one run of the current code (a few minutes; plotly outputs are dropped).
+.PHONY: notebooks-refresh
+notebooks-refresh: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) notebooks/refresh.py notebooks/*.ipynb
+
 # The committed CPU results (data/results/cpu-*): greedy, 256 new tokens, first 20 prompts.
 # 1. Replayed tau (fp32): one AR decode per prompt of GSM8K, MATH-500, HumanEval and MT-Bench (cached under
 #    ~/.cache/jetflow/replay, resumable), then every head method x budget x width replayed (~40 min, 1 core).

@@ -42,8 +42,8 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from . import data, jsonl
 from .decode import Round, check_temperature, generate
-from . import jsonl
 from .proposers import HEAD_METHODS, LOOKUP_MERGED, METHODS, make_proposer
 from .target import DTYPES, Target
 
@@ -422,6 +422,7 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
     env = environment(target)
     return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
              **summarize(runs[ds, k if cfg.same_as is None else cfg.same_as], runs[ds, 0]), **env,
+             "prompt_source": data.prompt_source(prompts_by_dataset[ds]),
              **({"note": HF_NOTE} if cfg.method in HF_METHODS else {}),
              **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget)} if cfg.same_as is not None else {})}
             for ds in encoded for k, cfg in enumerate(cfgs)]

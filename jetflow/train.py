@@ -31,7 +31,6 @@ import hashlib
 import itertools
 import json
 import math
-import shlex
 import shutil
 import sys
 import time
@@ -46,7 +45,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from jetflow import jsonl
-from jetflow.data import load_regenerated
+from jetflow.data import load_regenerated, portable_path, shell_join
 from jetflow.head import DraftHead, HeadConfig, block_positions, init_from_target, training_mask
 from jetflow.target import DTYPES, load_target
 
@@ -624,17 +623,25 @@ CLI_FLAGS = {"init": "--init", "draft_vocab": "--draft-vocab", "model": "--model
 def command_for(cfg: TrainConfig) -> str:
     """The ``python -m jetflow train`` line that rebuilds ``cfg``: its preset plus each field that
     differs from it (fields without a flag of their own through ``--set key=value``)."""
-    args = ["python", "-m", "jetflow", "train", "--data", str(Path(cfg.data).resolve()),
-            "--out", str(Path(cfg.out).resolve()), "--preset", cfg.preset]
+    args = ["python", "-m", "jetflow", "train", "--data", portable_path(cfg.data),
+            "--out", portable_path(cfg.out), "--preset", cfg.preset]
     base = TrainConfig.from_name(cfg.preset)
     for name, value in ((f.name, getattr(cfg, f.name)) for f in fields(cfg)):
         if name in ("data", "out", "preset") or value == getattr(base, name):
             continue
         if name == "causal":
             args.append("--causal" if value else "--bidirectional")
+        elif name == "init" and value not in BUILTIN_INITS:
+            args += ["--init", portable_path(value)]
         else:
             args += [CLI_FLAGS[name], str(value)] if name in CLI_FLAGS else ["--set", f"{name}={value}"]
-    return shlex.join(args)
+    return shell_join(args)
+
+
+def portable_config(cfg: TrainConfig) -> dict:
+    """The config as provenance records it: its paths through ``portable_path`` (no machine-local paths)."""
+    paths = {k: portable_path(getattr(cfg, k)) for k in ("data", "out") if getattr(cfg, k)}
+    return asdict(cfg) | paths | ({"init": portable_path(cfg.init)} if cfg.init not in BUILTIN_INITS else {})
 
 
 def parse_set(cfg: TrainConfig, items: list[str]) -> TrainConfig:
@@ -673,14 +680,14 @@ def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) ->
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
     import transformers
     cfg, path = run.cfg, Path(run.cfg.data)
-    data = {"file": path.name, "path": str(path.resolve()),
+    data = {"file": path.name, "path": portable_path(path),
             "sha256": data_sha256(path), "sequences": len(rows),
             "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
             "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
     meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`
     data["command"] = json.loads(meta.read_text()).get("command") if meta.is_file() else None
     prov = {"command": command_for(cfg), "lineage": lineage(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
-            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": asdict(cfg),
+            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": portable_config(cfg),
             "final": {"acc": last["acc"], "sim_tau": last["sim_tau"], "eval_step": last["step"]},
             "tau_convention": TAU_NOTE, "versions": {"torch": torch.__version__,
                                                      "transformers": transformers.__version__,
@@ -703,5 +710,5 @@ def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) ->
         f"- simulated tau **{last['sim_tau']:.3f}** at step {last['step']} ({TAU_NOTE})", "",
         "| depth | " + " | ".join(map(str, range(1, len(acc) + 1))) + " |", "|---|" + "---|" * len(acc),
         "| accuracy | " + " | ".join(f"{a:.3f}" for a in acc) + " |", "",
-        "Config:", "", "```json", json.dumps(asdict(cfg), indent=2), "```", ""]))
+        "Config:", "", "```json", json.dumps(prov["config"], indent=2), "```", ""]))
     return prov
