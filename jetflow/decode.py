@@ -59,7 +59,7 @@ class Result:
 
     @property
     def tau(self) -> float:
-        """Mean tokens committed per round, bonus included (METHOD.md section 1)."""
+        """Mean tokens committed per round, bonus included (docs/method.md, Vocabulary and conventions)."""
         return tau(self.rounds) or 0.0
 
     @property

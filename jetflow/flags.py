@@ -147,6 +147,12 @@ def _text(value) -> str:
 
 def command_line(cfg, base, prefix: Sequence[str], *, skip: Sequence[str] = (),
                  always: Sequence[str] = ()) -> str:
+    """``command_args`` joined for a shell."""
+    return shlex.join(command_args(cfg, base, prefix, skip=skip, always=always))
+
+
+def command_args(cfg, base, prefix: Sequence[str], *, skip: Sequence[str] = (),
+                 always: Sequence[str] = ()) -> list[str]:
     """``prefix`` plus the flags that turn ``base`` into ``cfg`` (fields in ``skip`` left out, fields in
     ``always`` written even when equal): a field's own flag, else ``--set name=value``; a ``negate`` pair
     writes its switch."""
@@ -162,4 +168,4 @@ def command_line(cfg, base, prefix: Sequence[str], *, skip: Sequence[str] = (),
             args += ["--set", f"{f.name}={_text(value)}"]
         else:
             args += [flag, _text(value)]
-    return shlex.join(args)
+    return args

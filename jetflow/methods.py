@@ -102,8 +102,10 @@ def names(where: Callable[[Method], bool] = lambda m: True) -> tuple[str, ...]:
 
 def check(given: Iterable[str], where: Callable[[Method], bool] = lambda m: True, what: str = "method") -> None:
     """ValueError naming the entries of ``given`` that are not registered methods satisfying ``where``."""
-    allowed = names(where)
+    given, allowed = list(given), names(where)
     bad = [m for m in given if m not in allowed]
+    if len(bad) == 1 and len(given) == 1:
+        raise ValueError(f"unknown {what} {bad[0]!r}; choose from {', '.join(allowed)}")
     if bad:
         raise ValueError(f"unknown {what}(s) {bad}; choose from {', '.join(allowed)}")
 

@@ -95,7 +95,7 @@ def summarize(runs: Sequence[PromptRun], ar_runs: Sequence[PromptRun]) -> dict:
 
 
 def simulated_tau(acc) -> float:
-    """1 + sum_k prod_{i<=k} acc_i (METHOD.md section 4)."""
+    """1 + sum_k prod_{i<=k} acc_i (docs/method.md, Training)."""
     return 1.0 + float(torch.tensor(acc, dtype=torch.float64).cumprod(0).sum())
 
 

@@ -26,7 +26,7 @@ def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:
 def curriculum_weights(n_depths: int, cfg: TrainConfig, step: int) -> torch.Tensor:
     """(D,) depth weights at ``step``: gamma's, or with ``gamma_start`` a linear blend that moves from
     gamma_start's weights to gamma's over the first ``curriculum`` fraction of the steps. Early in
-    training the deep, nearly unpredictable depths otherwise swamp depth 1 (FIELD_NOTES.md)."""
+    training the deep, nearly unpredictable depths otherwise swamp depth 1 (docs/field-notes.md)."""
     final = depth_weights(n_depths, cfg.gamma)
     if cfg.gamma_start is None:
         return final

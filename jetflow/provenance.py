@@ -35,16 +35,17 @@ def environment(target) -> dict:
 
 def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[dict]) -> dict:
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
-    from .train import command_for, data_sha256, lineage  # train.py calls this at the end of a run
+    from .data import portable_path
+    from .train import command_for, data_sha256, lineage, portable_config  # train.py calls this at the end
     cfg, path = run.cfg, Path(run.cfg.data)
-    data = {"file": path.name, "path": str(path.resolve()),
+    data = {"file": path.name, "path": portable_path(path),
             "sha256": data_sha256(path), "sequences": len(rows),
             "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
             "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
     meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`
     data["command"] = json.loads(meta.read_text()).get("command") if meta.is_file() else None
     prov = {"command": command_for(cfg), "lineage": lineage(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
-            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": asdict(cfg),
+            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": portable_config(cfg),
             "final": {"acc": last["acc"], "sim_tau": last["sim_tau"], "eval_step": last["step"]},
             "tau_convention": TAU_NOTE, "versions": {"torch": torch.__version__,
                                                      "transformers": transformers.__version__,
@@ -67,5 +68,5 @@ def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[d
         f"- simulated tau **{last['sim_tau']:.3f}** at step {last['step']} ({TAU_NOTE})", "",
         "| depth | " + " | ".join(map(str, range(1, len(acc) + 1))) + " |", "|---|" + "---|" * len(acc),
         "| accuracy | " + " | ".join(f"{a:.3f}" for a in acc) + " |", "",
-        "Config:", "", "```json", json.dumps(asdict(cfg), indent=2), "```", ""]))
+        "Config:", "", "```json", json.dumps(prov["config"], indent=2), "```", ""]))
     return prov

@@ -1,4 +1,4 @@
-"""Train a draft head on the target's own answers (METHOD.md section 4).
+"""Train a draft head on the target's own answers (docs/method.md, Training).
 
     cfg = TrainConfig.from_name("cpu", data="regen.jsonl", out="runs/jf")  # vary with dataclasses.replace
     head, history = train(cfg)  # out/: checkpoint/, history.jsonl, config.json + model.safetensors (bf16),
@@ -44,8 +44,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import jsonl
-from .data import load_regenerated
-from .flags import command_line, option
+from .data import load_regenerated, portable_path, shell_join
+from .flags import command_args, option
 from .checkpoint import init_from_target
 from .head import DraftHead, HeadConfig
 from .metrics import simulated_tau
@@ -125,7 +125,7 @@ class TrainConfig:
 PRESETS = {
     "paper": TrainConfig(),
     # 2 CPU cores, SmolLM2: ~4 s a step (1 thread, busy machine); a higher lr and gamma > 0 so the
-    # shallow depths are not swamped by the deep ones early on (FIELD_NOTES.md)
+    # shallow depths are not swamped by the deep ones early on (docs/field-notes.md)
     "cpu": TrainConfig(anchors_per_seq=32, seqs_per_step=4, steps=3000, lr=1e-3, gamma=4.0, max_len=512,
                        eval_every=100, eval_seqs=16, eval_stride=4, save_every=100, preset="cpu"),
     # seconds on a tiny model: tests and a first look at the pipeline
@@ -543,7 +543,18 @@ def read_history(run: TrainingRun, step: int) -> list[dict]:
 # ----------------------------------------------------------------------------- the reproducing command
 def command_for(cfg: TrainConfig) -> str:
     """The ``python -m jetflow train`` line that rebuilds ``cfg``: its preset plus each field that
-    differs from it, written from the fields' flag metadata (``--set key=value`` where a field has none)."""
-    prefix = ["python", "-m", "jetflow", "train", "--data", str(Path(cfg.data).resolve()),
-              "--out", str(Path(cfg.out).resolve()), "--preset", cfg.preset]
-    return command_line(cfg, TrainConfig.from_name(cfg.preset), prefix, skip=("data", "out"))
+    differs from it, written from the fields' flag metadata (``--set key=value`` where a field has none);
+    paths through ``portable_path`` (no machine-local paths)."""
+    prefix = ["python", "-m", "jetflow", "train", "--data", portable_path(cfg.data),
+              "--out", portable_path(cfg.out), "--preset", cfg.preset]
+    args = command_args(cfg, TrainConfig.from_name(cfg.preset), prefix, skip=("data", "out"))
+    if cfg.init not in BUILTIN_INITS:
+        args[args.index("--init") + 1] = portable_path(cfg.init)
+    return shell_join(args)
+
+
+def portable_config(cfg: TrainConfig) -> dict:
+    """The config as provenance records it: its paths through ``portable_path`` (no machine-local paths)."""
+    paths = {k: portable_path(getattr(cfg, k)) for k in ("data", "out") if getattr(cfg, k)}
+    return asdict(cfg) | paths | ({"init": portable_path(cfg.init)} if cfg.init not in BUILTIN_INITS else {})
+

@@ -1,5 +1,5 @@
-"""Candidate trees: a typed container, the three builders of METHOD.md section 5 and three beyond the
-paper (all registered in ``BUILDERS``), and ``merge``.
+"""Candidate trees: a typed container, the builders of docs/method.md (Tree builders) and three beyond
+the paper, all registered in ``BUILDERS``, and ``merge``.
 
 Pure torch; imports nothing else from jetflow. A tree holds the root (the anchor, index 0)
 followed by its draft nodes in insertion order, parents before children, so the budget B is
