@@ -1,4 +1,5 @@
-"""Candidate trees: a typed container, the builders of docs/method.md (Tree builders), and ``merge``.
+"""Candidate trees: a typed container, the builders of docs/method.md (Tree builders), registered
+in ``BUILDERS``, and ``merge``.
 
 Pure torch; imports nothing else from jetflow. A tree holds the root (the anchor, index 0)
 followed by its draft nodes in insertion order, parents before children, so the budget B is
@@ -7,8 +8,10 @@ draft distribution of depth d, shared by every node at that depth.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -181,11 +184,32 @@ def merge(first: Tree, second: Tree, budget: int) -> Tree:
     return Tree.from_lists(tokens, parents, score=score)
 
 
-BUILDERS = {"chain": chain, "accum_logp": accum_logp, "best_prefix": best_prefix}
+@dataclass(frozen=True)
+class Builder:
+    """A registered tree builder: ``build(logp (D, K), budget, root, **options) -> Tree``. ``options`` names
+    the keywords it takes (``width`` for ``accum_logp``); ``bind`` keeps those and drops the rest (a
+    chain has no width), so every caller can pass the same keywords."""
+    name: str
+    build: Callable[..., Tree]
+    description: str
+    options: tuple[str, ...] = ()
+
+    def bind(self, **options) -> Callable[[torch.Tensor, int, int], Tree]:
+        """(logp, budget, root) -> Tree with the options this builder takes fixed."""
+        return functools.partial(self.build, **{k: v for k, v in options.items() if k in self.options})
 
 
-def tree_builder(builder: str, width: int = 7):
-    """(logp (D, K), budget, root) -> Tree for a builder name; ``width`` applies to ``accum_logp``."""
-    if builder == "accum_logp":
-        return lambda logp, budget, root: accum_logp(logp, budget, root, width)
-    return BUILDERS[builder]
+BUILDERS = {b.name: b for b in (
+    Builder("chain", chain, "the argmax token at every depth (DFlash)"),
+    Builder("accum_logp", accum_logp, "best-first by cumulative log-prob, the top-W tokens under each "
+            "expanded node (JetFlow's Algorithm 1)", ("width",)),
+    Builder("best_prefix", best_prefix, "the exact budget most probable prefixes (DDTree)"),
+)}
+
+
+def tree_builder(name: str, **options) -> Callable[[torch.Tensor, int, int], Tree]:
+    """(logp (D, K), budget, root) -> Tree for a registered builder, e.g. ``tree_builder("accum_logp",
+    width=7)``."""
+    if name not in BUILDERS:
+        raise ValueError(f"unknown tree builder {name!r}; choose from {', '.join(BUILDERS)}")
+    return BUILDERS[name].bind(**options)

@@ -101,7 +101,7 @@ def test_cli_replay_equals_decoding(smol, capsys, tmp_path):
         assert r["tau"] == pytest.approx(res.tau) and r["new_tokens"] == NEW
     code, out, err = run_cli(capsys, "replay", "--prompts-file", str(prompts), "--methods", "lookup",
                              "--cache", str(tmp_path))
-    assert code == 2 and "head methods" in err
+    assert code == 2 and "unknown head method" in err
 
 
 def test_cli_bench_out_resumes(smol, capsys, tmp_path):
