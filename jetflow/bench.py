@@ -193,10 +193,10 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
                     book.record(ds, i, ids_of[ds][i], {names[k]: (prints[k], runs[ds, k][-1]) for k in todo},
                                 shas[ds][i])
     bar.close()
-    return _rows(target, cfgs, list(encoded), runs)
+    return _rows(target, cfgs, prompts_by_dataset, runs)
 
 
-def _rows(target: Target, cfgs: Sequence[Variant], datasets: Sequence[str],
+def _rows(target: Target, cfgs: Sequence[Variant], prompts_by_dataset: Mapping[str, Sequence[dict]],
           runs: Mapping[tuple[str, int], list[PromptRun]]) -> list[dict]:
     """One row per variant x dataset against AR (variant 0); a variant drafting another's very trees
     reads that one's runs and names its budget (``same_as_budget``)."""
@@ -207,7 +207,7 @@ def _rows(target: Target, cfgs: Sequence[Variant], datasets: Sequence[str],
              **({"note": HF_NOTE} if not registry.method(cfg.method).decodes else {}),
              **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget), "same_as_budget": cfgs[cfg.same_as].budget}
                 if cfg.same_as is not None else {})}
-            for ds in datasets for k, cfg in enumerate(cfgs)]
+            for ds in prompts_by_dataset for k, cfg in enumerate(cfgs)]
 
 
 def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets: Sequence[int], *,
