@@ -15,8 +15,9 @@ Entry points
   ``Target.forward(ids (T,), cache, positions=(T,), mask=(1,1,T,past+T), taps=(l, ...))``
   -> ``Step(logits (T, V), taps (T, L, H))``; ``Target.encode(prompt) -> (T,)`` via the chat template.
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and the builders
-  ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree) taking
-  per-depth log-probs (D, V); ``merge(first, second, budget)`` (one trie of both);
+  ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree), and beyond the paper
+  ``top2gap``, ``calibrated_prefix`` and ``profile_prefix`` (the last two read an
+  ``AcceptanceProfile``), taking per-depth log-probs (D, V); ``merge(first, second, budget)`` (one trie of both);
   ``ancestor_mask(parents) -> (N+1, N+1)``.
 - ``verify``: ``tree_attention_mask``, ``greedy_accept`` and ``sample_accept``
   (tree, logits (N+1, V)) -> (accepted node path, bonus token).
@@ -41,7 +42,10 @@ Entry points
   ``jetflow.walkthrough`` (one round taken apart: toy table, ✅/❌ rows, round logits, node info, sample-and-match),
   ``jetflow.explorer`` (``TreeExplorer``: draft on demand, two methods side by side, click a node),
   ``jetflow.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
-  ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows).
+  ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
+  ``jetflow.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
+  ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
+  ``jetflow.viz_trees`` (its figures).
 
 Methods (``jetflow.methods``, in report order):
 {methods}

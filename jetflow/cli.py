@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|report|results``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|profile|diagnose|report|results``.
 
 The flags of ``regenerate``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
@@ -302,6 +302,38 @@ def add_replay(sub) -> None:
     r.set_defaults(func=cmd_replay)
 
 
+def cmd_profile(args) -> int:
+    from .profile import ProfileConfig, profile_for_head
+    print(profile_for_head(ProfileConfig(**given(args, ProfileConfig)), progress=not args.quiet))
+    return 0
+
+
+def add_profile(sub) -> None:
+    from .profile import ProfileConfig
+    p = sub.add_parser("profile", help="the causal head's acceptance profile from held-out training prompts")
+    add_flags(p, ProfileConfig)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_profile)
+
+
+def cmd_diagnose(args) -> int:
+    from . import profile
+    from .report import write_rows
+    rows = profile.diagnose(profile.DiagnoseConfig(**given(args, profile.DiagnoseConfig)), progress=not args.json)
+    if args.out:
+        print(f"wrote {write_rows(rows, args.out, profile.diagnosis_markdown)}", file=sys.stderr)
+    print("\n".join(json.dumps(r) for r in rows) if args.json else profile.diagnosis_markdown(rows))
+    return 0
+
+
+def add_diagnose(sub) -> None:
+    from .profile import DiagnoseConfig
+    d = sub.add_parser("diagnose", help="acceptance on and off the argmax spine, and per (depth, rank)")
+    add_flags(d, DiagnoseConfig)
+    _add_output(d)
+    d.set_defaults(func=cmd_diagnose)
+
+
 # ----------------------------------------------------------------------------- results
 def cmd_report(args) -> int:
     from . import report
@@ -361,8 +393,8 @@ def add_gpu_check(sub) -> None:
     add(sub)
 
 
-SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_train, add_bench, add_replay, add_report, add_results,
-               add_gpu_check]
+SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_train, add_bench, add_replay, add_profile, add_diagnose,
+               add_report, add_results, add_gpu_check]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -64,12 +64,25 @@ _REGISTRY = (
            "the tree builder's", head="jetflow", builder="best_prefix", beyond_paper=True),
     Method("jetflow-chain", "causal head + chain: only its argmax path, against dflash's chain", head="jetflow",
            builder="chain", beyond_paper=True),
+    Method("jetflow-t2g", "causal head + top2gap: best prefixes under a child cap per depth from its top-1/top-2 "
+           "gap", head="jetflow", builder="top2gap", beyond_paper=True),
+    Method("jetflow-cal", "causal head + calibrated_prefix: best prefixes by the acceptance measured for the "
+           "head's log-prob, depth and spine state (acceptance_profile.json)", head="jetflow",
+           builder="calibrated_prefix", beyond_paper=True),
+    Method("jetflow-profile", "causal head + profile_prefix: per-(depth, rank) child caps from the acceptance "
+           "profile, filled by head log-prob", head="jetflow", builder="profile_prefix", beyond_paper=True),
     Method("ddtree+lookup", "ddtree's tree with prompt-lookup branches merged in", head="dflash",
            builder="best_prefix", lookup_merged=True, beyond_paper=True),
     Method("jetflow+lookup", "jetflow's tree with prompt-lookup branches merged in", head="jetflow",
            builder="accum_logp", lookup_merged=True, beyond_paper=True),
     Method("jetflow-bp+lookup", "jetflow-bp's tree with prompt-lookup branches merged in", head="jetflow",
            builder="best_prefix", lookup_merged=True, beyond_paper=True),
+    Method("jetflow-t2g+lookup", "jetflow-t2g's tree with prompt-lookup branches merged in", head="jetflow",
+           builder="top2gap", lookup_merged=True, beyond_paper=True),
+    Method("jetflow-cal+lookup", "jetflow-cal's tree with prompt-lookup branches merged in", head="jetflow",
+           builder="calibrated_prefix", lookup_merged=True, beyond_paper=True),
+    Method("jetflow-profile+lookup", "jetflow-profile's tree with prompt-lookup branches merged in", head="jetflow",
+           builder="profile_prefix", lookup_merged=True, beyond_paper=True),
 )
 METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}
 HEAD_KINDS = tuple(dict.fromkeys(m.head for m in _REGISTRY if m.head))  # ("dflash", "jetflow")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .checkpoint import check_compatible
 from .head import DraftHead, HeadState
-from .tree import Tree, accum_logp, merge, tree_builder
+from .tree import AcceptanceProfile, Tree, accum_logp, merge, tree_builder
 
 
 @dataclass
@@ -143,11 +143,13 @@ class HeadProposer:
     ``jetflow-bp`` (causal head + best prefixes).
 
     The head runs in its own dtype (``head.dtype``); the target's embedding and the lm_head rows of the
-    head's draft vocabulary are copied once into that dtype."""
+    head's draft vocabulary are copied once into that dtype. ``profile`` is the acceptance profile saved
+    beside the head (``jetflow.profile``), for the builders that take one."""
     head: torch.nn.Module
     target: object
     builder: str = "accum_logp"
     width: int = 7
+    profile: AcceptanceProfile | None = None
     embed: torch.Tensor = field(init=False, repr=False)   # (V, H) the target's embedding, head dtype
     out: torch.Tensor = field(init=False, repr=False)     # (K, H) its lm_head rows of the draft vocabulary
     vocab: torch.Tensor | None = field(init=False, repr=False)  # (K,) draft columns -> token ids, on CPU
@@ -181,7 +183,7 @@ class HeadProposer:
         return torch.log_softmax(F.linear(hidden, self.out).float(), dim=-1)
 
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
-        build = tree_builder(self.builder, width=self.width)
+        build = tree_builder(self.builder, width=self.width, profile=self.profile)
         tree = build(self.depth_logp(state, tokens, new_taps), budget, tokens[-1])
         if self.vocab is None:
             return tree
@@ -249,7 +251,8 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     """Proposer for a registered method (``jetflow.methods``; ``ar`` -> None): a training-free one from
     its entry, else its head kind's head (``head``: a directory or hub id, default: the head shipped for
     the embedded target) in ``draft_dtype`` (default: ``default_draft_dtype(target)``) under its tree
-    builder, with lookup branches merged in when the entry says so."""
+    builder, with the acceptance profile saved beside the head (if any) and lookup branches merged in
+    when the entry says so."""
     from .methods import method as entry  # the registry imports the proposer classes above
     m = entry(method)
     if m.proposer is not None:
@@ -262,5 +265,6 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
     draft = draft.to(target.device)
     check_compatible(draft.config, target.config)
-    proposer = HeadProposer(draft, target, m.builder, width)
+    from .profile import load_profile
+    proposer = HeadProposer(draft, target, m.builder, width, load_profile(path))
     return LookupMerged(proposer) if m.lookup_merged else proposer

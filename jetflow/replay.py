@@ -52,7 +52,8 @@ class ReplayConfig:
                                       + ",".join(registry.names(lambda m: m.head is not None)))
     datasets: tuple[str, ...] = option(BENCHMARKS, "comma list: " + ",".join(DATASETS))
     budgets: tuple[int, ...] = option((16, 32, 64, 128, 255), "comma list")
-    widths: tuple[int, ...] = option((7,), "widths W to try for the builders that take one (accum_logp), comma list")
+    widths: tuple[int, ...] = option((7,), "widths W to try for the builders that take one (accum_logp, top2gap), "
+                                     "comma list")
     limit: int | None = option(5, "first N prompts of each dataset")
     max_new_tokens: int = option(128, "new tokens of each AR answer")
     prompts_file: str | None = option(None, 'JSONL of {"id", "prompt"} per line (instead of --datasets)')
@@ -204,7 +205,7 @@ def method_rows(method: str, dataset: str, traces: Sequence[Trace], tables: Sequ
     lookup = LookupMerged(proposer) if entry.lookup_merged else None
     rows = []
     for w in (widths if "width" in BUILDERS[entry.builder].options else (None,)):
-        build = tree_builder(entry.builder, width=w)
+        build = tree_builder(entry.builder, width=w, profile=proposer.profile)
         for b in budgets:
             rounds = [r for t, tab in zip(traces, tables) for r in walk(tab, t, build, b, eos_ids, lookup)]
             rows.append({"method": method, "dataset": dataset, "budget": b, "width": w, "builder": entry.builder,

@@ -98,6 +98,22 @@ def replay_tau(results: Path, name: str = "cpu-replay-tau",
     return _md(["dataset", "method", *(f"B={b}" for b in budgets)], body)
 
 
+def trees_vs_ddtree(results: Path, name: str = "cpu-replay-trees", baseline: str = "ddtree") -> str:
+    """Replayed tau of every causal-head builder beside DDTree's, one line per dataset and budget, and the
+    best causal-head tau over DDTree's (JetFlow at width 7, the builders that take a width too)."""
+    rows = [r for r in load(results, name) if r.get("width") in (None, 7)]
+    methods = [m for m in _methods(rows) if m != baseline]
+    body = []
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        for b in sorted({r["budget"] for r in rows}):
+            tau = {r["method"]: r["tau"] for r in rows if r["dataset"] == ds and r["budget"] == b}
+            best = max(methods, key=lambda m: tau.get(m, 0.0))
+            ratio = f"{tau[best] / tau[baseline]:.3f}x ({best})" if baseline in tau else "-"
+            body.append([DATASET_NAMES.get(ds, ds), str(b), f"{tau[baseline]:.2f}" if baseline in tau else "-",
+                         *(f"{tau[m]:.2f}" if m in tau else "-" for m in methods), ratio])
+    return _md(["dataset", "budget", baseline, *methods, f"best / {baseline}"], body)
+
+
 def decoded(results: Path, names: Sequence[str], dataset: str) -> str:
     """Decoded tau / speedup per method and budget from side-by-side runs (each with its own AR)."""
     runs = [load(results, n) for n in names]
@@ -251,6 +267,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
                                                   ("jetflow+lookup", "ddtree+lookup", "jetflow-bp+lookup")),
     "headline": headline,
     "cli-help": lambda res: cli_help(),
+    "replay-trees": trees_vs_ddtree,
 }
 
 
@@ -258,7 +275,7 @@ DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout)
     "README.md": ("headline",),
     "docs/cli.md": ("cli-help",),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
-                        "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged"),
+                        "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees"),
 }
 
 

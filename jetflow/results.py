@@ -21,6 +21,8 @@ from .report import RESULTS, bench_markdown, replay_markdown
 
 COMMON = ("--limit", "20", "--max-new-tokens", "256")
 GRID_METHODS = "ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow"
+TREE_METHODS = "jetflow,jetflow-bp,ddtree,jetflow-t2g,jetflow-cal,jetflow-profile"
+TREES_LIMIT = 8  # prompts per dataset: the AR decodes (256 tokens each) that fitted one session on the shared 2-core CPU
 REPLAY_DATASETS = ("--datasets", "gsm8k,math500,humaneval,mt_bench", "--budgets", "8,16,32,64,128,255")
 
 
@@ -34,7 +36,8 @@ class Entry:
     @property
     def renderer(self) -> Callable[[list[dict]], str]:
         """rows -> the folder's table.md (the subcommand's own table)."""
-        return replay_markdown if self.argv[0] == "replay" else bench_markdown
+        from .profile import diagnosis_markdown
+        return {"replay": replay_markdown, "diagnose": diagnosis_markdown}.get(self.argv[0], bench_markdown)
 
 
 def _bench(name, group, batch, methods, dataset, budgets, dtype, *extra) -> Entry:
@@ -64,6 +67,12 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     *_pair("cpu-merged-bf16", "merged", 1, "ar,lookup,jetflow,jetflow+lookup,ddtree+lookup", "16,32", "bfloat16"),
     *_pair("cpu-merged-fp32", "merged", 2, "ar,jetflow+lookup,ddtree+lookup", "16", "float32"),
     *_pair("cpu-merged-auto-bf16", "merged", 3, "ar,jetflow+lookup", "8,16,32,auto", "bfloat16"),
+    # make results, beyond the paper: the causal head's own tree builders against DDTree (replayed), and
+    # where its drafts are accepted (on and off the argmax spine, per depth and rank)
+    Entry("cpu-replay-trees", ("replay", "--methods", TREE_METHODS, "--limit", str(TREES_LIMIT), "--max-new-tokens",
+                               "256", *REPLAY_DATASETS), "results", 6),
+    Entry("cpu-diagnosis", ("diagnose", "--limit", str(TREES_LIMIT), "--max-new-tokens", "256", "--datasets",
+                            "gsm8k,math500,humaneval,mt_bench"), "results", 6),
     Entry("cpu-replay-tau-merged", ("replay", "--methods", "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup",
                                     *COMMON, *REPLAY_DATASETS), "merged", 4),
 )}

@@ -8,6 +8,7 @@ from jetflow import results
 from jetflow.bench import BenchConfig
 from jetflow.cli import build_parser, main
 from jetflow.flags import given
+from jetflow.profile import DiagnoseConfig
 from jetflow.replay import ReplayConfig
 from jetflow.report import RESULTS
 
@@ -20,6 +21,8 @@ def test_every_committed_folder_has_one_entry():
 
 def config_of(name):
     args = build_parser().parse_args(results.command(name))
+    if args.command == "diagnose":
+        return DiagnoseConfig(**given(args, DiagnoseConfig))
     cls = ReplayConfig if args.command == "replay" else BenchConfig
     return BenchConfig.from_name("cpu", **given(args, cls)) if cls is BenchConfig else ReplayConfig(**given(args, cls))
 
@@ -29,6 +32,11 @@ def test_the_entry_reproduces_the_committed_folder(name):
     rows = json.loads((RESULTS / name / "rows.json").read_text())
     cfg = config_of(name)
     assert results.command(name)[-2:] == ["--out", str(RESULTS / name)]
+    if isinstance(cfg, DiagnoseConfig):
+        assert list(dict.fromkeys(r["dataset"] for r in rows)) == list(cfg.datasets)
+        assert {r["n_prompts"] for r in rows} == {cfg.limit} and {r["dtype"] for r in rows} == {"float32"}
+        assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
+        return
     assert {r["method"] for r in rows} == set(cfg.methods) | ({"ar"} if isinstance(cfg, BenchConfig) else set())
     assert list(dict.fromkeys(r["dataset"] for r in rows)) == list(cfg.datasets)
     assert {r["budget"] for r in rows} - {None} == set(cfg.budgets)
