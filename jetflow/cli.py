@@ -246,7 +246,7 @@ def cmd_train(args) -> int:
 
 def add_train(sub) -> None:
     from .train import PRESETS, TrainConfig
-    t = sub.add_parser("train", help="train a draft head on regenerated data (rerun to resume)")
+    t = sub.add_parser("train", help="train a draft head on regenerated data (resumable)")
     t.add_argument("--preset", default="cpu", help=" | ".join(PRESETS) + " (default: cpu)")
     add_flags(t, TrainConfig, set_flag=True)
     t.set_defaults(func=cmd_train)
@@ -295,7 +295,7 @@ def cmd_replay(args) -> int:
 
 def add_replay(sub) -> None:
     from .replay import ReplayConfig
-    r = sub.add_parser("replay", help="greedy tau vs budget in seconds: one AR decode, then every tree replayed")
+    r = sub.add_parser("replay", help="exact greedy tau of every tree from one AR decode")
     add_flags(r, ReplayConfig)
     _add_heads(r)
     _add_output(r)
@@ -310,7 +310,7 @@ def cmd_profile(args) -> int:
 
 def add_profile(sub) -> None:
     from .profile import ProfileConfig
-    p = sub.add_parser("profile", help="the causal head's acceptance profile from held-out training prompts")
+    p = sub.add_parser("profile", help="the head's acceptance profile from training prompts")
     add_flags(p, ProfileConfig)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_profile)
@@ -328,7 +328,7 @@ def cmd_diagnose(args) -> int:
 
 def add_diagnose(sub) -> None:
     from .profile import DiagnoseConfig
-    d = sub.add_parser("diagnose", help="acceptance on and off the argmax spine, and per (depth, rank)")
+    d = sub.add_parser("diagnose", help="acceptance on and off the argmax spine")
     add_flags(d, DiagnoseConfig)
     _add_output(d)
     d.set_defaults(func=cmd_diagnose)
@@ -353,7 +353,7 @@ def cmd_report(args) -> int:
 
 
 def add_report(sub) -> None:
-    r = sub.add_parser("report", help="the README's result tables, rendered from data/results/*/rows.json")
+    r = sub.add_parser("report", help="check or rewrite the README/docs tables from the rows")
     r.add_argument("--results", default=None, help="result folders (default: data/results of this checkout)")
     r.add_argument("--readme", default=None, help="default: README.md of this checkout")
     mode = r.add_mutually_exclusive_group()
@@ -380,7 +380,7 @@ def cmd_results(args) -> int:
 
 
 def add_results(sub) -> None:
-    r = sub.add_parser("results", help="reproduce committed result folders by name (the results manifest)")
+    r = sub.add_parser("results", help="reproduce a committed result folder by name")
     r.add_argument("names", nargs="*", help="entries of the manifest (none: list them with their commands)")
     r.add_argument("--batches", default=None, metavar="GROUP",
                    help="print a make target's entries (results, table or merged), one batch per line")

@@ -333,6 +333,7 @@ def _bad_inputs(tmp_path: Path, head_dir: Path) -> dict[str, tuple[list[str], st
 @pytest.fixture
 def offline(monkeypatch):
     monkeypatch.delenv("JETFLOW_DATA_DIR", raising=False)
+    monkeypatch.delenv("JETFLOW_SMOKE", raising=False)  # smoke mode reads the bundled fixtures instead
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
@@ -363,7 +364,7 @@ def test_bad_input_is_one_error_line_and_exit_2(case, tmp_path, head_dir, offlin
                                   "offline without data", "set gamma_start", "demo one token"])
 def test_bad_input_through_a_fresh_process(case, tmp_path, head_dir):
     argv, message = _bad_inputs(tmp_path, head_dir)[case]
-    env = {k: v for k, v in os.environ.items() if k != "JETFLOW_DATA_DIR"} | {"HF_HUB_OFFLINE": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in ("JETFLOW_DATA_DIR", "JETFLOW_SMOKE")} | {"HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "jetflow", *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2 and proc.stdout == ""
