@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 SHARED := $(abspath ../shared/data)
 export JETFLOW_DATA_DIR ?= $(if $(wildcard $(SHARED)),$(SHARED),)
 
-.PHONY: setup demo test notebooks results clean
+.PHONY: setup demo test notebooks results compiled clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -38,6 +38,12 @@ notebooks: $(STAMP)
 # 5. The README's tables, rewritten from the rows (`python -m jetflow report --write`).
 # Every bench keeps a journal (DIR/runs.jsonl, not committed): rerunning after an interruption resumes where it
 # stopped; delete the journals to measure afresh.
+# Eager vs compiled target vs llama.cpp on the same GGUF (docs/compiled.md): one 2-thread process, the optional
+# bench extra (llama-cpp-python, built from source), ~40 min on a shared 2-core machine, most of it compiling.
+compiled: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m jetflow.speed --out data/results/cpu-compiled
+
 BENCH := $(PY) -m jetflow bench --limit 20 --max-new-tokens 256
 RESULTS_BUDGETS ?= 16,64
 results: $(STAMP)

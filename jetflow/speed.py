@@ -1,6 +1,6 @@
 """Eager against compiled on this machine, beside llama.cpp: the rows of ``data/results/cpu-compiled``.
 
-    python -m jetflow.speed --out data/results/cpu-compiled      # one process, 2 threads (~30 min)
+    python -m jetflow.speed --out data/results/cpu-compiled      # one process, 2 threads (~40 min)
 
 One process measures, interleaved so that a shared machine's load hits every path alike (medians
 over repeats): the compile seconds of every graph; the verify-cost curve (1, 9, 17, 33, 65 tokens,
@@ -24,7 +24,7 @@ import transformers
 from . import data, hardware
 from .bench import write
 from .budget import measure_verify_cost
-from .compiled import CompileConfig, compile_target
+from .compiled import QUERY_SIZES, CompileConfig, compile_target
 from .decode import generate
 from .proposers import METHODS, make_proposer
 from .target import Target, embedded_gguf, load_target
@@ -38,15 +38,16 @@ class SpeedConfig:
     threads: int = 2                               # torch's and llama.cpp's
     dataset: str = "gsm8k"
     limit: int = 3                                 # prompts (the first ones of the dataset)
-    max_new_tokens: int = 96
+    max_new_tokens: int = 64
     budget: int = 16
     methods: tuple[str, ...] = ("jetflow+lookup", "jetflow")  # timed beside AR
     verify_sizes: tuple[int, ...] = (1, 9, 17, 33, 65)
-    verify_repeats: int = 5                        # interleaved sweeps of the curve
+    verify_repeats: int = 3                        # interleaved sweeps of the curve
     past_len: int = 256                            # cached prefix under the verify curve
-    repeats: int = 3                               # timed decodes of every prompt and configuration
-    cache_len: int = 1024                          # the compiled target's static cache
+    repeats: int = 2                               # timed decodes of every prompt and configuration
+    cache_len: int = 512                           # the compiled target's static cache (attention spans it all)
     llama_cpp: bool = True
+    exact_methods: tuple[str, ...] = tuple(m for m in METHODS if m != "ar")  # checked against compiled AR
 
     def __post_init__(self):
         if self.threads < 1 or self.limit < 1 or self.repeats < 1 or self.verify_repeats < 1:
@@ -129,18 +130,20 @@ def _rate(rep_runs) -> float:
 
 def decode_rows(runs: dict, cfg: SpeedConfig) -> list[dict]:
     """One row per (path, method): median over repeats of tokens/s (totals over prompts) and of the
-    ratios to the same path's AR and to eager AR, both within the same repeat."""
+    ratios to the same path's AR and to eager AR, both within the same repeat; ``identical_to_ar``
+    counts prompts whose tokens equal the same path's AR (eager AR for the AR rows)."""
     rows = []
     for (path, method), reps in runs.items():
         rates = [_rate(r) for r in reps]
-        own_ar = runs[(path, "ar")] if (path, "ar") in runs else None
+        own_ar = runs[(path, "ar")]
+        ref = runs[("eager", "ar")] if method == "ar" else None  # AR rows: against eager AR
         rows.append({
             "kind": "decode", "path": path, "method": method, "budget": None if method == "ar" else cfg.budget,
             "tokens_per_s": statistics.median(rates),
             "speedup": statistics.median(r / _rate(a) for r, a in zip(rates, own_ar)),
             "vs_eager_ar": statistics.median(r / _rate(a) for r, a in zip(rates, runs[("eager", "ar")])),
             "tau": statistics.mean(r[3] for r in reps[0]), "new_tokens": sum(len(r[0]) for r in reps[0]),
-            "identical_to_ar": sum(a[0] == b[0] for a, b in zip(reps[0], own_ar[0]))})
+            "identical_to_ar": sum(a[0] == b[0] for a, b in zip(reps[0], (ref or own_ar)[0]))})
     return rows
 
 
@@ -167,9 +170,7 @@ def agreement_rows(eager: Target, prompts, ar_eager: list, ar_compiled: list, id
 def exactness_rows(compiled: Target, prompts, ar_compiled: list, cfg: SpeedConfig) -> list[dict]:
     """Every method's compiled greedy output against compiled AR, prompt by prompt."""
     rows = []
-    for method in METHODS:
-        if method == "ar":
-            continue
+    for method in cfg.exact_methods:
         proposer = make_proposer(method, compiled)
         same = [_decode(compiled, ids, proposer, cfg)[0] == ref for ids, ref in zip(prompts, ar_compiled)]
         rows.append({"kind": "exactness", "method": method, "budget": cfg.budget,
@@ -184,11 +185,12 @@ def _inductor_entries() -> int:
 
 
 @torch.no_grad()
-def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None) -> list[dict]:
-    """All rows of one run (see the module docstring)."""
+def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None, eager: Target | None = None) -> list[dict]:
+    """All rows of one run (see the module docstring); ``eager`` replaces the embedded target (tests)."""
     torch.set_num_threads(cfg.threads)
-    eager = load_target(None, dtype=cfg.dtype)
-    compiled = compile_target(eager, CompileConfig(cache_len=cfg.cache_len))
+    eager = eager or load_target(None, dtype=cfg.dtype)
+    compile_cfg = CompileConfig(cfg.cache_len, tuple(s for s in QUERY_SIZES if s <= cfg.cache_len))
+    compiled = compile_target(eager, compile_cfg)
     items = data.load_prompts(cfg.dataset, limit=cfg.limit, data_dir=data_dir)
     prompts = [eager.encode(p["prompt"]) for p in items]
     llm = llama_cpp_model(cfg.threads, cfg.cache_len) if cfg.llama_cpp else None
@@ -197,7 +199,7 @@ def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None) -> list[dict]:
              "llama_cpp": _llama_cpp_version() if llm is not None else None,
              "inductor_cache_files_before": _inductor_entries(), "prompts": [p["id"] for p in items],
              "config": asdict(cfg)}
-    sizes = tuple(sorted({*cfg.verify_sizes, CompileConfig().padded(cfg.budget + 1)}))
+    sizes = tuple(sorted({*cfg.verify_sizes, compile_cfg.padded(cfg.budget + 1)}))
     rows = [setup] + [{"kind": "compile", "size": k, "seconds": s} for k, s in compiled.warmup(sizes).items()]
     paths = {"eager": eager, "compiled": compiled}
     rows += verify_rows(paths, cfg)
@@ -205,6 +207,8 @@ def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None) -> list[dict]:
     rows += decode_rows(runs, cfg)
     ar_eager, ar_compiled = ([r[0] for r in runs[(p, "ar")][0]] for p in ("eager", "compiled"))
     rows += agreement_rows(eager, prompts, ar_eager, ar_compiled, setup["prompts"])
+    if llm is not None:
+        llm.close()
     return rows + exactness_rows(compiled, prompts, ar_compiled, cfg)
 
 

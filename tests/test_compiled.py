@@ -132,7 +132,7 @@ def test_an_old_cache_handle_is_refused():
 def _head_proposers(target):
     from jetflow.train import TrainConfig, build_head
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
-    head = build_head(TrainConfig(block_size=6, num_layers=1), target, rows).eval()  # one tap: layer 1
+    head = build_head(TrainConfig(block_size=6, num_layers=1, init="random"), target, rows).eval()  # one tap
     jetflow = HeadProposer(head, target, "accum_logp", width=3)
     return {"jetflow": jetflow, "dflash-chain": HeadProposer(head, target, "chain"),
             "jetflow+lookup": LookupMerged(jetflow)}
