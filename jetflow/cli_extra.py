@@ -219,3 +219,5 @@ def add_report(sub) -> None:
 
 
 REGISTER = [add_regenerate, add_train, add_bench, add_replay, add_report]
+from .gpu_check import add_gpu_check  # noqa: E402
+REGISTER.append(add_gpu_check)

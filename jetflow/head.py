@@ -11,24 +11,20 @@ grown by ``DraftHead.extend`` and read by ``draft_logp``. Training uses ``traini
 many blocks of one sequence in a single pass.
 
 Dimensions: B batch, T context rows, L taps, H hidden, Q block rows, N block size, V vocab.
-Checkpoints use the published DFlash/JetSpec layout (a Qwen3 ``config.json`` plus ``block_size``,
-``num_target_layers``, ``dflash_config``; ``model.safetensors`` keyed ``layers.{i}.*``, ``fc``,
-``hidden_norm``, ``norm``), so ``z-lab/Qwen3-8B-DFlash-b16`` and ``JetSpec/jetspec-qwen3-8b`` load.
+Checkpoints (the published DFlash/JetSpec layout, its config dialects, loading, ``check_compatible``
+and ``init_from_target``) live in ``jetflow.checkpoint``; ``DraftHead.save_pretrained`` /
+``from_pretrained`` and the ``HeadConfig`` dict methods delegate there.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from jetflow.target import tap_layers
-
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -63,6 +59,9 @@ class HeadConfig:
                              f"[0, {self.vocab_size})")
         if not 0 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must lie in [0, {self.vocab_size}], got {self.draft_vocab_size}")
+        if self.num_target_layers and not all(0 <= l < self.num_target_layers for l in self.target_layer_ids):
+            raise ValueError(f"target_layer_ids {list(self.target_layer_ids)} must be 0-based layers of the "
+                             f"{self.num_target_layers}-layer target (layer l's output = hidden_states[l + 1])")
 
     @classmethod
     def for_target(cls, target_config, *, num_layers: int = 2, causal: bool = True, block_size: int = 16,
@@ -71,6 +70,7 @@ class HeadConfig:
 
         Default ``mask_token_id``: the largest id that is not EOS/BOS/PAD (normally ``vocab_size - 1``),
         chosen without a tokenizer; the head learns its embedding's meaning during training."""
+        from jetflow.checkpoint import read_rope_theta  # checkpoint.py imports this module
         c = target_config
         heads = c.num_attention_heads
         if mask_token_id is None:
@@ -80,77 +80,25 @@ class HeadConfig:
         return cls(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_layers=num_layers,
                    num_heads=heads, num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
                    head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
-                   rms_norm_eps=c.rms_norm_eps, rope_theta=_rope_theta(c.to_dict()), vocab_size=c.vocab_size,
+                   rms_norm_eps=c.rms_norm_eps, rope_theta=read_rope_theta(c.to_dict()), vocab_size=c.vocab_size,
                    block_size=block_size, target_layer_ids=tap_layers(c.num_hidden_layers, num_layers),
                    num_target_layers=c.num_hidden_layers, mask_token_id=mask_token_id, causal=causal,
                    draft_vocab_size=draft_vocab_size)
 
-    # Verified (search tool, not fetched at run time): the DFlashDraftModel class in
-    # hao-ai-lab/JetSpec (jetflow/models/draft_head.py) has exactly the module names used here, so
-    # its safetensors keys are layers.{i}.self_attn.{q,k,v,o}_proj/{q,k}_norm, layers.{i}.mlp.*,
-    # layers.{i}.{input,post_attention}_layernorm, fc, hidden_norm, norm; it feeds the fused context
-    # straight into k_proj/v_proj (no input_layernorm) and k_norms both parts. Published DFlash
-    # configs (SpecForge qwen3-*-dflash.json) use architectures ["DFlashDraftModel"] and a
-    # dflash_config without "causal_head", which that class reads as bidirectional.
     def to_hf_dict(self) -> dict:
-        """The published checkpoint config: a Qwen3 config plus the DFlash fields (``draft_vocab_size``
-        is this kit's extension, written only when the head has a reduced draft vocabulary)."""
-        dflash = {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id,
-                  "causal_head": self.causal}
-        if self.draft_vocab_size:
-            dflash["draft_vocab_size"] = self.draft_vocab_size
-        return {
-            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
-            "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta, "rope_scaling": None,
-            "vocab_size": self.vocab_size, "hidden_act": "silu", "attention_bias": False,
-            "tie_word_embeddings": False, "block_size": self.block_size,
-            "num_target_layers": self.num_target_layers, "dflash_config": dflash,
-        }
+        """The published checkpoint config (``jetflow.checkpoint.to_hf_dict``)."""
+        from jetflow.checkpoint import to_hf_dict
+        return to_hf_dict(self)
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "HeadConfig":
-        """Inverse of ``to_hf_dict``; published DFlash configs lack ``causal_head`` (= bidirectional)."""
-        dflash = d.get("dflash_config") or {}
-        if "mask_token_id" not in dflash:
-            raise ValueError("config has no dflash_config.mask_token_id: not a DFlash/JetSpec draft head")
-        scaling = d.get("rope_scaling") or {}
-        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
-            raise ValueError(f"only plain RoPE is supported, config has rope_scaling {scaling}")
-        layers, heads = d["num_hidden_layers"], d["num_attention_heads"]
-        taps = dflash.get("target_layer_ids") or tap_layers(d["num_target_layers"], layers)
-        return cls(hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"], num_layers=layers,
-                   num_heads=heads, num_kv_heads=d.get("num_key_value_heads") or heads,
-                   head_dim=d.get("head_dim") or d["hidden_size"] // heads, rms_norm_eps=d["rms_norm_eps"],
-                   rope_theta=_rope_theta(d), vocab_size=d["vocab_size"], block_size=d.get("block_size", 16),
-                   target_layer_ids=tuple(taps), num_target_layers=d["num_target_layers"],
-                   mask_token_id=dflash["mask_token_id"], causal=bool(dflash.get("causal_head", False)),
-                   draft_vocab_size=int(dflash.get("draft_vocab_size", 0)))
+        """Read a published config in any dialect (``jetflow.checkpoint.from_hf_dict``)."""
+        from jetflow.checkpoint import from_hf_dict
+        return from_hf_dict(d)
 
 
 def _as_list(x) -> list:
     return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-def _rope_theta(d: dict) -> float:
-    """rope_theta from a config dict: transformers 5 nests it in ``rope_parameters``."""
-    params = d.get("rope_parameters") or {}
-    return float(params.get("rope_theta", d.get("rope_theta") or 10000.0))
-
-
-def check_compatible(head_config: HeadConfig, target_config) -> None:
-    """Raise ValueError when the head cannot read this target's taps or speak its vocabulary."""
-    c = head_config
-    if c.hidden_size != target_config.hidden_size:
-        raise ValueError(f"head expects hidden size {c.hidden_size}, target has {target_config.hidden_size}")
-    if c.vocab_size != target_config.vocab_size:
-        raise ValueError(f"head expects vocabulary size {c.vocab_size}, target has {target_config.vocab_size}")
-    n = target_config.num_hidden_layers
-    if c.num_target_layers != n or max(c.target_layer_ids) >= n:
-        raise ValueError(f"head expects a {c.num_target_layers}-layer target tapped at layers "
-                         f"{list(c.target_layer_ids)}, target has {n} layers")
 
 
 # ----------------------------------------------------------------------------- masks and positions
@@ -318,41 +266,15 @@ class DraftHead(nn.Module):
         return HeadState(new, n_ctx + taps.shape[0])
 
     def save_pretrained(self, directory, dtype: torch.dtype = torch.bfloat16) -> Path:
-        """Write ``config.json`` + ``model.safetensors`` (published DFlash layout) in ``dtype``."""
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        cfg = self.config.to_hf_dict() | {"dtype": str(dtype).removeprefix("torch.")}
-        (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
-        weights = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
-                   for k, v in self.state_dict().items()}
-        save_file(weights, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-        return out
+        """Write ``config.json`` + ``model.safetensors`` (published layout, ``jetflow.checkpoint.save``)."""
+        from jetflow.checkpoint import save
+        return save(self, directory, dtype)
 
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str, dtype: torch.dtype = torch.float32) -> "DraftHead":
-        """Load from a local directory, else download config + safetensors from the Hugging Face hub."""
-        path = Path(path_or_hub_id)
-        if not path.is_dir():
-            path = _download(str(path_or_hub_id))
-        config = HeadConfig.from_hf_dict(json.loads((path / CONFIG_FILE).read_text()))
-        weights = {}
-        for file in sorted(path.glob("*.safetensors")):
-            weights |= load_file(str(file))
-        head = cls(config)
-        missing, unexpected = head.load_state_dict(weights, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"checkpoint {path_or_hub_id!r} does not match the head layout: "
-                             f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
-        return head.to(dtype).eval()
-
-
-def _download(hub_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-    try:
-        return Path(snapshot_download(hub_id, allow_patterns=[CONFIG_FILE, "*.safetensors"]))
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{hub_id!r} is not a local directory and could not be downloaded from the "
-                         f"Hugging Face hub: {str(err).splitlines()[0]}") from err
+        """Load a local directory or hub id in any published dialect (``jetflow.checkpoint.load``)."""
+        from jetflow.checkpoint import load
+        return load(path_or_hub_id, dtype)
 
 
 @torch.no_grad()
@@ -381,32 +303,9 @@ def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.E
     return full.index_copy_(1, vocab.to(full.device), logp)
 
 
-@torch.no_grad()
-def init_from_target(head: DraftHead, target_model: nn.Module) -> None:
-    """Start the head from the target (a random init stalls, see FIELD_NOTES.md).
-
-    - head layer i <- target layer ``n - num_layers + i`` (attention, MLP, both norms); q_norm and
-      k_norm start at ones when the target has none (Llama).
-    - ``norm`` <- the target's final norm, so the frozen ``lm_head`` sees familiar statistics.
-    - ``fc`` = identity on the last tap, zeros elsewhere, and ``hidden_norm`` <- the
-      ``input_layernorm`` of the layer after the last tapped one: the fused feature starts equal
-      to what that target layer itself reads (taps are <= n - 3, so the successor always exists).
-    """
-    check_compatible(head.config, target_model.config)
-    decoder = target_model.get_decoder()
-    c, H = head.config, head.config.hidden_size
-    for mine, theirs in zip(head.layers, decoder.layers[-c.num_layers:]):
-        _copy_layer(mine, theirs)
-    head.norm.weight.copy_(decoder.norm.weight)
-    head.fc.weight.zero_()
-    head.fc.weight[:, -H:] = torch.eye(H, dtype=head.dtype, device=head.fc.weight.device)
-    head.hidden_norm.weight.copy_(decoder.layers[c.target_layer_ids[-1] + 1].input_layernorm.weight)
-
-
-def _copy_layer(mine: DecoderLayer, theirs: nn.Module) -> None:
-    src, dst = theirs.state_dict(), mine.state_dict()
-    extra = set(src) - set(dst)
-    if extra:
-        raise ValueError(f"target decoder layer has parameters the head lacks: {sorted(extra)}")
-    for name, tensor in dst.items():
-        tensor.copy_(src[name] if name in src else torch.ones_like(tensor))
+def __getattr__(name: str):
+    """``check_compatible`` and ``init_from_target`` moved to ``jetflow.checkpoint``; old imports still work."""
+    if name in ("check_compatible", "init_from_target"):
+        from jetflow import checkpoint
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -152,7 +152,9 @@ def test_checkpoint_round_trip(tmp_path, causal):
     head.save_pretrained(tmp_path, dtype=torch.float32)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["model_type"] == "qwen3" and cfg["block_size"] == N and cfg["num_target_layers"] == 6
-    assert cfg["dflash_config"] == {"target_layer_ids": [1, 3], "mask_token_id": V - 1, "causal_head": causal}
+    assert cfg["dflash_config"] == {"target_layer_ids": [1, 3], "mask_token_id": V - 1, "block_size": N,
+                                    "causal_head": causal, "causal": causal}
+    assert cfg["is_causal"] is causal  # every dialect's flag, one value (tests/test_checkpoint.py)
     assert Qwen3Config.from_dict(cfg).num_hidden_layers == 2  # a valid transformers Qwen3 config
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         assert set(f.keys()) == expected_keys(2)
@@ -173,7 +175,8 @@ def test_default_save_is_bf16(tmp_path):
 
 def test_published_dflash_config_is_bidirectional():
     cfg = tiny_config().to_hf_dict()
-    del cfg["dflash_config"]["causal_head"]  # z-lab DFlash configs carry no causal_head
+    del cfg["dflash_config"]["causal_head"], cfg["dflash_config"]["causal"], cfg["is_causal"]
+    # z-lab DFlash configs carry no causal flag
     assert HeadConfig.from_hf_dict(cfg).causal is False
 
 
