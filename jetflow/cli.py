@@ -42,7 +42,7 @@ def cmd_generate(args) -> int:
     from .decode import generate
     from .proposers import make_proposer
     from .target import load_target
-    target = load_target(args.model, dtype=args.dtype)
+    target = load_target(args.model, dtype=args.dtype, compile=args.compile)
     proposer = make_proposer(args.method, target, head=args.head)
     budget, prediction = args.budget, None
     if budget == "auto":
@@ -76,7 +76,7 @@ def cmd_demo(args) -> int:
     from .proposers import make_proposer, shipped_head_dir
     from .target import load_target
     print("Loading the embedded target SmolLM2-135M-Instruct (fp32, ~20 s)...")
-    target = load_target(None, dtype="float32")
+    target = load_target(None, dtype="float32", compile=args.compile)
     methods = ["lookup"] + (["jetflow", "jetflow+lookup"] if shipped_head_dir("jetflow").exists() else [])
     proposers = {m: make_proposer(m, target) for m in methods}  # heads load once, not once per prompt
     for prompt in DEMO_PROMPTS[: args.prompts]:
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompts", type=int, default=2)
     d.add_argument("--budget", type=int, default=16)
     d.add_argument("--max-new-tokens", type=int, default=96)
+    add_compile_flag(d)
     d.set_defaults(func=cmd_demo)
 
     g = sub.add_parser("generate", help="generate one answer with a chosen method")
@@ -116,10 +117,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--head", default=None, help="draft head dir or hub id (default: shipped head)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    add_compile_flag(g)
     g.set_defaults(func=cmd_generate)
     for register in _extra_commands():
         register(sub)
     return p
+
+
+def add_compile_flag(parser) -> None:
+    """``--compile``: decode on ``load_target(..., compile=True)`` (docs/compiled.md); off by default."""
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the target over a static cache (each graph compiles on first use, "
+                             "minutes on a CPU; when it pays: docs/compiled.md)")
 
 
 def _extra_commands():

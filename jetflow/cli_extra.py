@@ -55,7 +55,7 @@ def cmd_bench(args) -> int:
         "heads": {k: v for k, v in (("jetflow", args.jetflow_head), ("dflash", args.dflash_head)) if v}})
     prompts = bench.prompt_sets(cfg)
     target = load_target(cfg["model"], dtype=cfg["dtype"], device=cfg["device"],
-                         chat_kwargs=cfg.get("chat_template_kwargs"))
+                         chat_kwargs=cfg.get("chat_template_kwargs"), compile=args.compile)
     journal = Path(args.out) / "runs.jsonl" if args.out else None
     rows = bench.run_settings(target, cfg, prompts, progress=not args.json, journal=journal)
     return _emit(rows, args, bench)
@@ -92,6 +92,8 @@ def add_bench(sub) -> None:
     b.add_argument("--out", default=None, help="write rows.json and table.md here; every finished prompt goes to "
                         "runs.jsonl there, so rerunning the same command resumes (delete it to measure afresh)")
     b.add_argument("--json", action="store_true", help="one JSON row per line")
+    from .cli import add_compile_flag
+    add_compile_flag(b)
     b.set_defaults(func=cmd_bench)
 
 

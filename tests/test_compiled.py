@@ -171,3 +171,10 @@ def test_compiled_sampling_matches_target_distribution(small_vocab_target):
     target = compile_target(small_vocab_target, CompileConfig(cache_len=32, query_sizes=(1, 13)))
     eager_distribution_test(target, 1.0)
     assert set(target.engine.compile_s) == {13}  # every tree (12 drafts + root) ran the compiled graph
+
+
+@pytest.mark.parametrize("argv", [["generate", "--prompt", "hi"], ["demo"], ["bench"]])
+def test_every_decoding_command_takes_compile(argv):
+    from jetflow.cli import build_parser
+    parser = build_parser()
+    assert parser.parse_args(argv + ["--compile"]).compile and not parser.parse_args(argv).compile
