@@ -21,6 +21,8 @@ def _quiet() -> None:
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    from huggingface_hub.utils import logging as hub_logging
+    hub_logging.set_verbosity_error()
 
 
 def _check_generate_args(args) -> None:
@@ -30,15 +32,17 @@ def _check_generate_args(args) -> None:
         raise ValueError(f"--budget must be >= 1, got {args.budget}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    from .decode import check_temperature
+    check_temperature(args.temperature, "--temperature")
 
 
 def cmd_generate(args) -> int:
+    from . import checks
     from .proposers import METHODS
     if args.method not in METHODS:
         raise ValueError(f"unknown method {args.method!r}; choose from {', '.join(METHODS)}")
     _check_generate_args(args)
+    checks.head_dir(args.head, "--head")
     from .decode import generate
     from .proposers import make_proposer
     from .target import load_target
@@ -71,7 +75,18 @@ DEMO_PROMPTS = (
 )
 
 
+def _check_demo_args(args) -> None:
+    from . import checks
+    checks.positive(prompts=args.prompts, budget=args.budget)
+    if args.prompts > len(DEMO_PROMPTS):
+        raise ValueError(f"--prompts must be at most {len(DEMO_PROMPTS)}, got {args.prompts}")
+    if args.max_new_tokens < 2:  # one token is the prefill's: no decode round to time or compare
+        raise ValueError(f"--max-new-tokens must be >= 2 for the demo (it times decoding after the first "
+                         f"token), got {args.max_new_tokens}")
+
+
 def cmd_demo(args) -> int:
+    _check_demo_args(args)
     from .decode import generate
     from .proposers import make_proposer, shipped_head_dir
     from .target import load_target
@@ -152,5 +167,14 @@ def main(argv=None) -> int:
         _validate_budget(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as err:  # e.g. permission denied or a full disk while writing: the file and the reason
+        print(f"error: {err.filename or ''}: {err.strerror or err}; free space or fix permissions and rerun "
+              "(finished work is kept and resumes)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _one_line(err: Exception) -> str:
+    """An error message on one line (library messages sometimes span several)."""
+    return " ".join(str(err).split())

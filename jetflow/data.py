@@ -13,6 +13,7 @@ Prompts are plain user-message text; ``Target.encode`` applies the chat template
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+
+from . import jsonl
 
 log = logging.getLogger(__name__)
 
@@ -287,16 +290,45 @@ def generate_batch(target, seqs: list[list[int]], max_new_tokens: int) -> list[l
     return [trim_response(row, target.eos_ids) for row in new]
 
 
-def _done_ids(path: Path) -> set[str]:
-    """Ids already written to ``path``; an unterminated last line (interrupted write) is cut off."""
-    if not path.exists():
+REGEN_RECORDED = ("batch_size",)  # header keys kept as a record, not compared on resume
+
+
+def regen_settings(target, prompts: list[dict], max_new_tokens: int, max_prompt_tokens: int,
+                   extra: dict | None = None) -> dict:
+    """The header of a regeneration file: what its rows depend on (model, dtype, token limits, the
+    prompt set's ids and text by hash, and ``extra``, e.g. the seed and n that drew the prompts)."""
+    digest = hashlib.sha256(json.dumps([[str(p["id"]), p["prompt"]] for p in prompts]).encode("utf-8"))
+    return {"model": target.name, "dtype": str(target.dtype).removeprefix("torch."),
+            "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
+            "prompts": len(prompts), "prompts_sha256": digest.hexdigest(), **(extra or {})}
+
+
+def _split_header(path: Path, rows: list[dict]) -> tuple[dict | None, list[dict]]:
+    """(settings header or None for a file written before headers, answer rows)."""
+    if rows and "settings" in rows[0]:
+        return rows[0]["settings"], rows[1:]
+    bad = next((i for i, r in enumerate(rows) if "settings" in r or "id" not in r), None)
+    if bad is not None:
+        raise ValueError(f"{path}, row {bad + 1}: not a regenerated answer; move the file away to start over")
+    return None, rows
+
+
+def _done_ids(path: Path, settings: dict) -> set[str]:
+    """Ids already answered in ``path`` under the same settings (a torn last line is cut off the file);
+    the header is written when the file is new. Other settings are refused: resuming would mix data."""
+    header, rows = _split_header(path, jsonl.read(path))
+    if header is None and not rows:
+        jsonl.append(path, [{"settings": settings}])
         return set()
-    complete = _complete_lines(path)
-    if path.stat().st_size != len(complete):
-        log.warning("%s: dropping a partially written last line", path)
-        with path.open("r+b") as f:
-            f.truncate(len(complete))
-    return {str(row["id"]) for _, row in _read_jsonl(path)}
+    if header is None:
+        raise ValueError(f"{path} holds answers without a settings header (an older jetflow wrote it), so "
+                         "resuming could mix settings; move it away or choose another --out")
+    keys = sorted((header.keys() | settings.keys()) - set(REGEN_RECORDED))
+    changed = [f"{k}: {header.get(k)!r} -> {settings.get(k)!r}" for k in keys if header.get(k) != settings.get(k)]
+    if changed:
+        raise ValueError(f"{path} was regenerated with other settings ({'; '.join(changed)}); resume with the "
+                         "same settings, or choose another --out")
+    return {str(row["id"]) for row in rows}
 
 
 def _encode_todo(target, prompts: list[dict], done: set[str], max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
@@ -319,38 +351,40 @@ def _encode_todo(target, prompts: list[dict], done: set[str], max_prompt_tokens:
 
 
 def regenerate(target, prompts: list[dict], out_path: str | os.PathLike, *, batch_size: int = 16,
-               max_new_tokens: int = 192, max_prompt_tokens: int = 512, progress: bool = True) -> Path:
+               max_new_tokens: int = 192, max_prompt_tokens: int = 512, progress: bool = True,
+               settings: dict | None = None) -> Path:
     """Answer every prompt greedily with the target (through its chat template) and append one line
-    ``{"id", "prompt_ids", "response_ids"}`` per prompt to ``out_path``, flushed after each batch.
+    ``{"id", "prompt_ids", "response_ids"}`` per prompt to ``out_path``, fsynced after each batch.
 
-    Rerunning resumes: ids already in the file are skipped. Prompts are sorted by length (longest
-    first) so each left-padded batch wastes little; response_ids end at the first EOS (included)."""
+    The first line is a settings header (``regen_settings``; ``settings`` adds e.g. the seed). Rerunning
+    resumes: ids already in the file are skipped; other settings, or a second writer, are refused.
+    Prompts are sorted by length (longest first) so each left-padded batch wastes little; response_ids
+    end at the first EOS (included)."""
     if batch_size < 1 or max_new_tokens < 1 or max_prompt_tokens < 1:
         raise ValueError(f"batch_size, max_new_tokens and max_prompt_tokens must be >= 1, "
                          f"got {batch_size}, {max_new_tokens}, {max_prompt_tokens}")
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    todo = _encode_todo(target, prompts, _done_ids(out_path), max_prompt_tokens)
-    bar = tqdm(total=len(todo), unit="prompt", desc="regenerate", disable=not progress)
-    tokens, start = 0, time.perf_counter()
-    with out_path.open("a", encoding="utf-8") as f:
+    header = regen_settings(target, prompts, max_new_tokens, max_prompt_tokens, settings) | {"batch_size": batch_size}
+    with jsonl.locked(out_path):
+        todo = _encode_todo(target, prompts, _done_ids(out_path, header), max_prompt_tokens)
+        bar = tqdm(total=len(todo), unit="prompt", desc="regenerate", disable=not progress)
+        tokens, start = 0, time.perf_counter()
         for b in range(0, len(todo), batch_size):
             batch = todo[b:b + batch_size]
             responses = generate_batch(target, [enc for _, enc in batch], max_new_tokens)
-            for (pid, enc), resp in zip(batch, responses):
-                f.write(json.dumps({"id": pid, "prompt_ids": enc, "response_ids": resp}) + "\n")
-            f.flush()
+            jsonl.append(out_path, [{"id": pid, "prompt_ids": enc, "response_ids": resp}
+                                    for (pid, enc), resp in zip(batch, responses)])
             tokens += sum(len(r) for r in responses)
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
-    bar.close()
+        bar.close()
     return out_path
 
 
 def load_regenerated(path: str | os.PathLike, *, tensors: bool = False) -> list[dict]:
-    """Rows written by ``regenerate`` (an unterminated last line is ignored); with ``tensors`` the
-    id lists become 1-D long tensors."""
-    rows = [row for _, row in _read_jsonl(Path(path), complete_only=True)]
+    """Rows written by ``regenerate``, its settings header left out (an unterminated last line is
+    ignored, the file is not changed); with ``tensors`` the id lists become 1-D long tensors."""
+    _, rows = _split_header(Path(path), jsonl.read(path, repair=False))
     if tensors:
         for row in rows:
             row["prompt_ids"] = torch.tensor(row["prompt_ids"], dtype=torch.long)

@@ -253,7 +253,7 @@ def test_regenerate_resumes_after_interruption(tiny_target, tmp_path, monkeypatc
     monkeypatch.setattr(data, "generate_batch", crash_after_first_batch)
     with pytest.raises(KeyboardInterrupt):
         regenerate(tiny_target, PROMPTS, path, **kwargs)
-    assert read_lines(path) == full[:2]  # the first batch was flushed
+    assert read_lines(path) == full[:3]  # the settings header and the first batch were flushed
 
     monkeypatch.setattr(data, "generate_batch", real)
     regenerate(tiny_target, PROMPTS, path, **kwargs)
@@ -266,13 +266,16 @@ def test_regenerate_repairs_partial_last_line(tiny_target, tmp_path, monkeypatch
     regenerate(tiny_target, PROMPTS, path, **kwargs)
     full = read_lines(path)
     path.write_text("\n".join(full[:-1]) + "\n" + full[-1][:15], encoding="utf-8")  # killed mid-write
-    assert len(load_regenerated(path)) == len(full) - 1  # the torn line is ignored when reading
-    with caplog.at_level(logging.WARNING, logger="jetflow.data"):
+    assert len(load_regenerated(path)) == len(full) - 2  # header and torn line are left out when reading
+    with caplog.at_level(logging.WARNING, logger="jetflow.jsonl"):
         regenerate(tiny_target, PROMPTS, path, **kwargs)
-    assert "partially written" in caplog.text
+    assert "cut short by an interruption" in caplog.text
     assert read_lines(path) == full
     monkeypatch.setattr(data, "generate_batch", lambda *a, **k: pytest.fail("nothing left to generate"))
-    regenerate(tiny_target, PROMPTS, path, progress=False)
+    regenerate(tiny_target, PROMPTS, path, **(kwargs | {"batch_size": 4}))  # batch size: recorded, not compared
+    assert read_lines(path) == full
+    with pytest.raises(ValueError, match=r"other settings \(max_new_tokens: 3 -> 192\)"):
+        regenerate(tiny_target, PROMPTS, path, progress=False)  # would mix 3-token and 192-token answers
     assert read_lines(path) == full
 
 
@@ -300,12 +303,19 @@ def test_regenerate_bad_input(tiny_target, tmp_path, kwargs, match):
 def test_real_data_folder():
     counts = {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 500, "mt_bench": 80, "spec_bench": 480}
     assert set(counts) == set(DATASETS)
-    benchmark_ids = set()
+    benchmark_texts = set()
     for dataset, count in counts.items():
         prompts = load_prompts(dataset)
         assert len(prompts) == len({p["id"] for p in prompts}) == count
-        benchmark_ids |= {p["id"] for p in prompts}
+        benchmark_texts |= {normalized(p["prompt"]) for p in prompts}
     assert all(p["prompt"].endswith(MATH_SUFFIX) for p in load_prompts("gsm8k") + load_prompts("math500"))
     assert load_prompts("mbpp")[0]["id"] == "mbpp:11" and load_prompts("mbpp")[-1]["id"] == "mbpp:510"
     train = training_prompts(400, seed=0)
-    assert len({p["id"] for p in train}) == 400 and not benchmark_ids & {p["id"] for p in train}
+    assert len({p["id"] for p in train}) == 400
+    # leakage is about text: ids of different sources never collide, so comparing them could not fail
+    assert not benchmark_texts & {normalized(p["prompt"]) for p in train}
+
+
+def normalized(text: str) -> str:
+    """A prompt's words, lowercased, the math instruction removed: equal texts up to formatting."""
+    return " ".join(text.replace(MATH_SUFFIX, "").lower().split())
