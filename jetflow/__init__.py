@@ -43,6 +43,8 @@ Entry points
   training history all use it, and refuse to resume under settings that would mix data).
 - ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training), ``jetflow.bench``
   (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
+  ``jetflow.walkthrough`` (one round taken apart: toy table, ✅/❌ rows, round logits, node info, sample-and-match),
+  ``jetflow.explorer`` (``TreeExplorer``: draft on demand, two methods side by side, click a node),
   ``jetflow.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
   ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run: ``python -m jetflow.speed --out DIR``).

@@ -42,8 +42,8 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from . import data, jsonl
 from .decode import Round, check_temperature, generate
-from . import jsonl
 from .proposers import HEAD_METHODS, LOOKUP_MERGED, METHODS, make_proposer
 from .target import DTYPES, Target
 
@@ -422,6 +422,7 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
     env = environment(target)
     return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
              **summarize(runs[ds, k if cfg.same_as is None else cfg.same_as], runs[ds, 0]), **env,
+             "prompt_source": data.prompt_source(prompts_by_dataset[ds]),
              **({"note": HF_NOTE} if cfg.method in HF_METHODS else {}),
              **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget)} if cfg.same_as is not None else {})}
             for ds in encoded for k, cfg in enumerate(cfgs)]
@@ -477,14 +478,14 @@ def predicted_speedups(rows: Sequence[dict]) -> list[float | None]:
 # ----------------------------------------------------------------------------- presets
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
 PRESETS = {
-    "cpu": {  # the embedded SmolLM2-135M on this kind of machine (see FIELD_NOTES.md)
+    "cpu": {  # the embedded SmolLM2-135M on this kind of machine (docs/field-notes.md)
         "model": None, "dtype": "float32", "device": None,  # fp32: greedy output must equal AR exactly
         "methods": ("ar", "hf", "hf-lookup", "lookup", "jetflow", "dflash", "ddtree"),
         "datasets": BENCHMARKS, "limit": 5, "max_new_tokens": 128, "budgets": (16, 32, 64), "auto": False,
         "heads": {},  # empty: the heads shipped under data/heads
         "temperature": 0.0, "chat_template_kwargs": {}, "prompts_file": None, "data_dir": None,
     },
-    "qwen3-8b": {  # the paper's headline setting (METHOD.md section 7)
+    "qwen3-8b": {  # the paper's headline setting (docs/method.md, The paper's setting)
         "model": "Qwen/Qwen3-8B", "dtype": "bfloat16", "device": "cuda",
         "methods": ("ar", "dflash", "ddtree", "jetflow"),
         "datasets": BENCHMARKS, "limit": None, "max_new_tokens": 3072, "budgets": (16, 32, 64, 128, 255),

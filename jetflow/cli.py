@@ -69,43 +69,13 @@ def cmd_generate(args) -> int:
     return 0
 
 
-DEMO_PROMPTS = (
-    "Write a Python function that returns the n-th Fibonacci number, with a docstring and an example.",
-    "List the planets of the solar system in order, one per line, with one fact about each.",
-)
-
-
-def _check_demo_args(args) -> None:
-    from . import checks
-    checks.positive(prompts=args.prompts, budget=args.budget)
-    if args.prompts > len(DEMO_PROMPTS):
-        raise ValueError(f"--prompts must be at most {len(DEMO_PROMPTS)}, got {args.prompts}")
-    if args.max_new_tokens < 2:  # one token is the prefill's: no decode round to time or compare
-        raise ValueError(f"--max-new-tokens must be >= 2 for the demo (it times decoding after the first "
-                         f"token), got {args.max_new_tokens}")
-
-
 def cmd_demo(args) -> int:
-    _check_demo_args(args)
-    from .decode import generate
-    from .proposers import make_proposer, shipped_head_dir
-    from .target import load_target
-    print("Loading the embedded target SmolLM2-135M-Instruct (fp32, ~20 s)...")
-    target = load_target(None, dtype="float32", compile=args.compile)
-    methods = ["lookup"] + (["jetflow", "jetflow+lookup"] if shipped_head_dir("jetflow").exists() else [])
-    proposers = {m: make_proposer(m, target) for m in methods}  # heads load once, not once per prompt
-    for prompt in DEMO_PROMPTS[: args.prompts]:
-        ar = generate(target, prompt, None, max_new_tokens=args.max_new_tokens)
-        print(f"\n> {prompt}\n{ar.text}\n")
-        print(f"  {'ar':14s} tau 1.00  {ar.tokens_per_s:6.1f} tok/s  speedup 1.00x")
-        for method in methods:
-            res = generate(target, prompt, proposers[method], budget=args.budget,
-                           max_new_tokens=args.max_new_tokens)
-            same = "identical to AR" if res.tokens == ar.tokens else "DIFFERS FROM AR"
-            print(f"  {method:14s} tau {res.tau:4.2f}  {res.tokens_per_s:6.1f} tok/s  "
-                  f"speedup {res.tokens_per_s / ar.tokens_per_s:4.2f}x  {same}")
-    print("\ntau = mean tokens committed per round incl. the bonus token; budget = draft nodes "
-          f"excluding the root ({args.budget}); speedup = decode tokens/s over AR, prefill excluded.")
+    from .demo import DemoConfig, run
+    cfg = DemoConfig(methods=tuple(m for m in args.methods.split(",") if m), budget=args.budget,
+                     max_new_tokens=args.max_new_tokens, prompts=args.prompts, dtype=args.dtype)
+    rows = run(cfg, say=(lambda *a: print(*a, file=sys.stderr)) if args.json else print)
+    for row in rows if args.json else ():
+        print(json.dumps(row))
     return 0
 
 
@@ -113,11 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jetflow", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="a short run on the embedded target: AR vs speculative")
-    d.add_argument("--prompts", type=int, default=2)
-    d.add_argument("--budget", type=int, default=16)
-    d.add_argument("--max-new-tokens", type=int, default=96)
-    add_compile_flag(d)
+    from .demo import DemoConfig
+    demo = DemoConfig()
+    d = sub.add_parser("demo", help="AR vs the best methods on this CPU (~2 min)",
+                       description="Decode the demo's prompts with AR and the kit's best CPU methods in this "
+                       "machine's fast dtype (interleaved), print text, tau and speedup per method, and check "
+                       "in fp32 that every output is identical to AR's.")
+    d.add_argument("--methods", default=",".join(demo.methods), help="comma list (AR always runs first)")
+    d.add_argument("--budget", type=int, default=demo.budget, help="draft nodes excluding the root")
+    d.add_argument("--max-new-tokens", type=int, default=demo.max_new_tokens, help="per prompt and method")
+    d.add_argument("--prompts", type=int, default=demo.prompts, help="how many of the demo's prompts")
+    d.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="default: bf16 where the CPU computes it natively (AVX-512 BF16, AMX), else fp32")
+    d.add_argument("--json", action="store_true", help="print one JSON row per method (AR first)")
     d.set_defaults(func=cmd_demo)
 
     g = sub.add_parser("generate", help="generate one answer with a chosen method")

@@ -146,7 +146,7 @@ def cmd_replay(args) -> int:
 
 
 def add_replay(sub) -> None:
-    r = sub.add_parser("replay", help="greedy tau vs budget in seconds: one AR decode, then every tree replayed")
+    r = sub.add_parser("replay", help="exact greedy tau of every tree and budget (replayed)")
     r.add_argument("--methods", default="jetflow,ddtree,dflash,jetflow-bp", help="head methods: jetflow,ddtree,dflash,jetflow-bp,"
                    "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup")
     r.add_argument("--datasets", default=None, help="comma list: gsm8k,math500,humaneval,mbpp,mt_bench,spec_bench")
@@ -192,7 +192,7 @@ def cmd_train(args) -> int:
 
 
 def add_train(sub) -> None:
-    t = sub.add_parser("train", help="train a draft head on regenerated data (rerun to resume)")
+    t = sub.add_parser("train", help="train a draft head on regenerated answers (resumable)")
     t.add_argument("--data", required=True, help="regenerated JSONL (python -m jetflow regenerate)")
     t.add_argument("--out", required=True, help="output dir; rerunning resumes from its checkpoint")
     t.add_argument("--preset", default="cpu", help="smoke | cpu | paper (default: cpu)")
@@ -241,7 +241,7 @@ def cmd_report(args) -> int:
 
 
 def add_report(sub) -> None:
-    r = sub.add_parser("report", help="the README's result tables, rendered from data/results/*/rows.json")
+    r = sub.add_parser("report", help="check or rewrite the README and docs/ result tables")
     r.add_argument("--results", default=None, help="result folders (default: data/results of this checkout)")
     r.add_argument("--readme", default=None, help="default: README.md of this checkout")
     mode = r.add_mutually_exclusive_group()

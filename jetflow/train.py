@@ -1,4 +1,4 @@
-"""Train a draft head on the target's own answers (METHOD.md section 4).
+"""Train a draft head on the target's own answers (docs/method.md, Training).
 
     cfg = TrainConfig.from_name("cpu", data="regen.jsonl", out="runs/jf")  # vary with dataclasses.replace
     head, history = train(cfg)  # out/: checkpoint/, history.jsonl, config.json + model.safetensors (bf16),
@@ -31,7 +31,6 @@ import hashlib
 import itertools
 import json
 import math
-import shlex
 import shutil
 import sys
 import time
@@ -46,7 +45,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from jetflow import jsonl
-from jetflow.data import load_regenerated
+from jetflow.data import load_regenerated, portable_path, shell_join
 from jetflow.head import DraftHead, HeadConfig, block_positions, init_from_target, training_mask
 from jetflow.target import DTYPES, load_target
 
@@ -78,7 +77,7 @@ class TrainConfig:
     warmup: float = 0.04          # warmup fraction of the steps, then cosine to 0
     grad_clip: float = 1.0
     max_len: int = 3072           # truncate prompt + response
-    init: str = "target"          # "target": init_from_target; "random" stalls (FIELD_NOTES.md); or a
+    init: str = "target"          # "target": init_from_target; "random" stalls (docs/field-notes.md); or a
                                   # trained head's directory: warm start (continued training) from it
     draft_vocab: int = 0          # K > 0: draft only the K most frequent response tokens of the training
                                   # data (plus EOS): a K-row lm_head, cheaper to train and to draft with
@@ -117,7 +116,7 @@ class TrainConfig:
 PRESETS = {
     "paper": TrainConfig(),
     # 2 CPU cores, SmolLM2: ~4 s a step (1 thread, busy machine); a higher lr and gamma > 0 so the
-    # shallow depths are not swamped by the deep ones early on (FIELD_NOTES.md)
+    # shallow depths are not swamped by the deep ones early on (docs/field-notes.md)
     "cpu": TrainConfig(anchors_per_seq=32, seqs_per_step=4, steps=3000, lr=1e-3, gamma=4.0, max_len=512,
                        eval_every=100, eval_seqs=16, eval_stride=4, save_every=100, preset="cpu"),
     # seconds on a tiny model: tests and a first look at the pipeline
@@ -137,7 +136,7 @@ def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:
 def curriculum_weights(n_depths: int, cfg: "TrainConfig", step: int) -> torch.Tensor:
     """(D,) depth weights at ``step``: gamma's, or with ``gamma_start`` a linear blend that moves from
     gamma_start's weights to gamma's over the first ``curriculum`` fraction of the steps. Early in
-    training the deep, nearly unpredictable depths otherwise swamp depth 1 (FIELD_NOTES.md)."""
+    training the deep, nearly unpredictable depths otherwise swamp depth 1 (docs/field-notes.md)."""
     final = depth_weights(n_depths, cfg.gamma)
     if cfg.gamma_start is None:
         return final
@@ -191,7 +190,7 @@ def depth_accuracy(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor)
 
 
 def simulated_tau(acc) -> float:
-    """1 + sum_k prod_{i<=k} acc_i (METHOD.md section 4)."""
+    """1 + sum_k prod_{i<=k} acc_i (docs/method.md, Training)."""
     return 1.0 + float(torch.tensor(acc, dtype=torch.float64).cumprod(0).sum())
 
 
@@ -624,17 +623,25 @@ CLI_FLAGS = {"init": "--init", "draft_vocab": "--draft-vocab", "model": "--model
 def command_for(cfg: TrainConfig) -> str:
     """The ``python -m jetflow train`` line that rebuilds ``cfg``: its preset plus each field that
     differs from it (fields without a flag of their own through ``--set key=value``)."""
-    args = ["python", "-m", "jetflow", "train", "--data", str(Path(cfg.data).resolve()),
-            "--out", str(Path(cfg.out).resolve()), "--preset", cfg.preset]
+    args = ["python", "-m", "jetflow", "train", "--data", portable_path(cfg.data),
+            "--out", portable_path(cfg.out), "--preset", cfg.preset]
     base = TrainConfig.from_name(cfg.preset)
     for name, value in ((f.name, getattr(cfg, f.name)) for f in fields(cfg)):
         if name in ("data", "out", "preset") or value == getattr(base, name):
             continue
         if name == "causal":
             args.append("--causal" if value else "--bidirectional")
+        elif name == "init" and value not in BUILTIN_INITS:
+            args += ["--init", portable_path(value)]
         else:
             args += [CLI_FLAGS[name], str(value)] if name in CLI_FLAGS else ["--set", f"{name}={value}"]
-    return shlex.join(args)
+    return shell_join(args)
+
+
+def portable_config(cfg: TrainConfig) -> dict:
+    """The config as provenance records it: its paths through ``portable_path`` (no machine-local paths)."""
+    paths = {k: portable_path(getattr(cfg, k)) for k in ("data", "out") if getattr(cfg, k)}
+    return asdict(cfg) | paths | ({"init": portable_path(cfg.init)} if cfg.init not in BUILTIN_INITS else {})
 
 
 def parse_set(cfg: TrainConfig, items: list[str]) -> TrainConfig:
@@ -673,14 +680,14 @@ def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) ->
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
     import transformers
     cfg, path = run.cfg, Path(run.cfg.data)
-    data = {"file": path.name, "path": str(path.resolve()),
+    data = {"file": path.name, "path": portable_path(path),
             "sha256": data_sha256(path), "sequences": len(rows),
             "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
             "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
     meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`
     data["command"] = json.loads(meta.read_text()).get("command") if meta.is_file() else None
     prov = {"command": command_for(cfg), "lineage": lineage(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
-            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": asdict(cfg),
+            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": portable_config(cfg),
             "final": {"acc": last["acc"], "sim_tau": last["sim_tau"], "eval_step": last["step"]},
             "tau_convention": TAU_NOTE, "versions": {"torch": torch.__version__,
                                                      "transformers": transformers.__version__,
@@ -703,5 +710,5 @@ def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) ->
         f"- simulated tau **{last['sim_tau']:.3f}** at step {last['step']} ({TAU_NOTE})", "",
         "| depth | " + " | ".join(map(str, range(1, len(acc) + 1))) + " |", "|---|" + "---|" * len(acc),
         "| accuracy | " + " | ".join(f"{a:.3f}" for a in acc) + " |", "",
-        "Config:", "", "```json", json.dumps(asdict(cfg), indent=2), "```", ""]))
+        "Config:", "", "```json", json.dumps(prov["config"], indent=2), "```", ""]))
     return prov

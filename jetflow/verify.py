@@ -1,4 +1,4 @@
-"""Lossless tree verification (METHOD.md section 6): masks, acceptance rules, cache compaction.
+"""Lossless tree verification (docs/method.md, Verification): masks, acceptance rules, cache compaction.
 
 Pure torch; imports only ``jetflow.tree``. The target forward itself lives in ``decode.py``:
 this module turns a tree into what that forward needs and its logits into an accepted path.
