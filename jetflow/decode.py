@@ -6,12 +6,13 @@ share every line of code that is not drafting.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from .target import Target, keep_path
+from .target import Target, check_supported, keep_path
 from .tree import Tree
 from .verify import greedy_accept, sample_accept, tree_attention_mask
 
@@ -57,7 +58,7 @@ class Result:
 
     @property
     def tau(self) -> float:
-        """Mean tokens committed per round, bonus included (METHOD.md section 1)."""
+        """Mean tokens committed per round, bonus included (docs/method.md, Vocabulary and conventions)."""
         return sum(len(r.committed) for r in self.rounds) / max(len(self.rounds), 1)
 
     @property
@@ -71,12 +72,39 @@ def _check_args(target: Target, prompt_len: int, budget: int, max_new_tokens: in
         raise ValueError(f"budget must be >= 1, got {budget}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    check_temperature(temperature)
     need = prompt_len + max_new_tokens + budget + 1
     if need > target.max_context:
         raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + budget "
                          f"exceeds the model's context of {target.max_context} tokens")
+
+
+def check_temperature(temperature: float, name: str = "temperature") -> None:
+    """Temperature must be a finite number >= 0 (NaN slips past ``< 0`` and would sample garbage)."""
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {temperature!r}")
+
+
+def check_tree(tree: Tree, anchor: int, budget: int, vocab_size: int, proposer) -> None:
+    """What a proposer hands ``generate`` must be a tree it can verify: the root is the anchor, every
+    parent comes before its child, depth = parent's depth + 1, at most ``budget`` drafts, ids in the
+    vocabulary. A violation names the proposer: verifying such a tree would read the wrong cache rows."""
+    name = type(proposer).__name__
+    tokens, parents, depth = tree.tokens.cpu(), tree.parents.cpu(), tree.depth.cpu()
+    n = tokens.numel()
+    problem = None
+    if n == 0 or int(tokens[0]) != anchor or int(parents[0]) != -1 or int(depth[0]) != 0:
+        problem = f"its root must be the anchor token {anchor} with parent -1 and depth 0"
+    elif n - 1 > budget:
+        problem = f"it drafted {n - 1} nodes, over the budget of {budget}"
+    elif ((parents[1:] < 0) | (parents[1:] >= torch.arange(1, n))).any():
+        problem = "every node's parent must come before it (parents first)"
+    elif (depth[1:] != depth[parents[1:]] + 1).any():
+        problem = "every node's depth must be its parent's depth + 1"
+    elif ((tokens < 0) | (tokens >= vocab_size)).any():
+        problem = f"its token ids must lie in [0, {vocab_size})"
+    if problem is not None:
+        raise ValueError(f"proposer {name} returned a tree generate cannot verify: {problem}")
 
 
 def _pick(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> int:
@@ -116,7 +144,9 @@ def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new
     """
     ids = target.encode(prompt) if isinstance(prompt, str) else torch.as_tensor(prompt).long().flatten()
     _check_args(target, ids.numel(), budget, max_new_tokens, temperature)
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    check_supported(target.model, repr(target.name))
+    # the generator lives where the logits are: a CPU generator cannot sample CUDA probabilities
+    gen = torch.Generator(device=target.device).manual_seed(seed) if seed is not None else None
     taps = tuple(getattr(proposer, "taps", ())) if proposer is not None else ()
 
     t0 = time.perf_counter()
@@ -132,6 +162,7 @@ def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new
             tree = _root_only(out[-1])
         else:
             tree = proposer.propose(state, result.prompt_ids + out, new_taps, budget)
+            check_tree(tree, out[-1], budget, target.config.vocab_size, proposer)
         t2 = time.perf_counter()
         past, step = _verify(target, tree, cache, taps)
         choice = step.logits.argmax(-1).tolist()  # the target's greedy pick at every node (kept in Round)

@@ -336,7 +336,7 @@ def cmd_gpu_check(args) -> int:
 
 
 def add_gpu_check(sub) -> None:
-    g = sub.add_parser("gpu-check", help="correctness on the device, Qwen3-8B-shaped timing, projected speedups")
+    g = sub.add_parser("gpu-check", help="on a GPU: correctness, timing, projected speedup")
     g.add_argument("--device", default="cuda")
     g.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES), help="timing shape (tiny: a CPU try-out)")
     g.add_argument("--context", type=int, default=Settings.context, help="committed tokens before timed steps")

@@ -1,4 +1,4 @@
-"""The parallel draft head (METHOD.md sections 2-3): fused target taps in, one block of drafts out.
+"""The parallel draft head: fused target taps in, one block of drafts out (docs/method.md, The draft head).
 
 A few Qwen3-style decoder layers of the target's width. Queries come from the block rows
 ``[anchor, MASK x (N-1)]`` only; keys/values are the concatenation of k/v projections of the

@@ -18,8 +18,11 @@ def notebook_setup(*, threads: int | None = None) -> bool:
     ``threads`` says otherwise) and return whether this is a smoke run."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # transformers' own weight-loading bars
     smoke = os.environ.get("JETFLOW_SMOKE", "0") == "1"
     import torch
 

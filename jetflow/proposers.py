@@ -239,11 +239,20 @@ LOOKUP_MERGED = {"jetflow+lookup": "jetflow", "ddtree+lookup": "ddtree",  # meth
 METHODS = ("ar", "lookup", "random", *HEAD_METHODS, *LOOKUP_MERGED)
 
 
-def shipped_head_dir(kind: str):
-    """Directory of the head shipped for the embedded target: data/heads/smollm2-135m-{kind}
-    (``$JETFLOW_HEADS_DIR`` replaces data/heads, e.g. to try freshly trained heads)."""
-    root = os.environ.get("JETFLOW_HEADS_DIR") or Path(__file__).resolve().parent.parent / "data" / "heads"
-    return Path(root) / f"smollm2-135m-{kind}"
+def shipped_heads_root() -> Path:
+    """The folder of the heads shipped for the embedded target: ``$JETFLOW_HEADS_DIR`` if set (e.g. to try
+    freshly trained heads), else ``jetflow/heads`` of an installed package (package data), else the
+    checkout's ``data/heads``."""
+    if os.environ.get("JETFLOW_HEADS_DIR"):
+        return Path(os.environ["JETFLOW_HEADS_DIR"])
+    here = Path(__file__).resolve().parent
+    installed = here / "heads"
+    return installed if (installed / "README.md").is_file() else here.parent / "data" / "heads"
+
+
+def shipped_head_dir(kind: str) -> Path:
+    """Directory of the head shipped for the embedded target: ``shipped_heads_root()/smollm2-135m-{kind}``."""
+    return shipped_heads_root() / f"smollm2-135m-{kind}"
 
 
 def make_proposer(method: str, target, *, head: str | None = None, width: int = 7,

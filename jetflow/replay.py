@@ -20,7 +20,7 @@ rounds themselves on the embedded target). Speed is not replayed: for tokens/s r
 """
 from __future__ import annotations
 
-import json
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from . import jsonl
 from .bench import depth_accept, environment, tau, tau_hist, verify_tokens
 from .bench import write as bench_write
 from .decode import Round, generate
@@ -55,25 +56,33 @@ def ar_traces(target, prompts: Sequence[Mapping], max_new_tokens: int, *, datase
     """Greedy AR answers of ``prompts`` ({"id", "prompt"} rows). With ``cache`` (a JSONL file), answers
     already there for the same prompt ids and length are reused and new ones appended as they finish,
     so an interrupted run resumes."""
-    done: dict[tuple, Trace] = {}
     path = Path(cache) if cache else None
-    if path and path.exists():
-        for line in path.read_text().splitlines():
-            t = Trace(**json.loads(line))
-            done[(t.dataset, t.id, tuple(t.prompt_ids), t.max_new_tokens)] = t
-    out = []
-    for p in tqdm(prompts, desc=f"AR {dataset}".strip(), disable=not progress, leave=False):
-        ids = target.encode(p["prompt"])
-        key = (dataset, str(p.get("id", "")), tuple(ids.tolist()), max_new_tokens)
-        if key not in done:
-            res = generate(target, ids, None, max_new_tokens=max_new_tokens)
-            done[key] = Trace(dataset, key[1], list(key[2]), res.tokens, max_new_tokens)
-            if path:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with path.open("a") as f:
-                    f.write(json.dumps(asdict(done[key])) + "\n")
-        out.append(done[key])
+    with jsonl.locked(path) if path else contextlib.nullcontext():
+        done = {_trace_key(t): t for t in _cached_traces(path)} if path else {}
+        out = []
+        for p in tqdm(prompts, desc=f"AR {dataset}".strip(), disable=not progress, leave=False):
+            ids = target.encode(p["prompt"])
+            key = (dataset, str(p.get("id", "")), tuple(ids.tolist()), max_new_tokens)
+            if key not in done:
+                res = generate(target, ids, None, max_new_tokens=max_new_tokens)
+                done[key] = Trace(dataset, key[1], list(key[2]), res.tokens, max_new_tokens)
+                if path:
+                    jsonl.append(path, [asdict(done[key])])
+            out.append(done[key])
     return out
+
+
+def _trace_key(t: Trace) -> tuple:
+    return (t.dataset, t.id, tuple(t.prompt_ids), t.max_new_tokens)
+
+
+def _cached_traces(path: Path) -> list[Trace]:
+    """The traces of an AR cache file (a line torn by a kill is cut off the file, with a warning)."""
+    rows = jsonl.read(path)
+    try:
+        return [Trace(**row) for row in rows]
+    except TypeError as err:
+        raise ValueError(f"{path} is not an AR cache of replay ({err}); move it away or pass another --cache") from None
 
 
 @dataclass

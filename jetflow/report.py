@@ -1,11 +1,13 @@
-"""The README's result tables, rendered from the committed rows in ``data/results/``.
+"""The result tables of the README and docs/, rendered from the committed rows in ``data/results/``.
 
-Each table sits in the README between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``. ``check``
-compares those blocks with what the committed ``rows.json`` files give today (a test runs it, so a
-README number cannot drift from its measurement); ``update`` rewrites them after ``make results``:
+Each table sits in its document between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``;
+``DOCUMENTS`` names the tables of each document (README.md holds the headline table, docs/results.md
+every other one). ``check`` compares those blocks with what the committed ``rows.json`` files give
+today (a test runs it, so a published number cannot drift from its measurement); ``update`` rewrites
+them after ``make results``:
 
-    python -m jetflow report --check     # exit 1 and name every stale table
-    python -m jetflow report --write     # rewrite the tables in README.md
+    python -m jetflow report --check     # exit 1 and name every stale table, as DOCUMENT:NAME
+    python -m jetflow report --write     # rewrite every table of every document
 
 Cells: **tau / speedup (outputs identical to AR / prompts)**; tau alone for replayed rows.
 """
@@ -174,6 +176,60 @@ def _reused(row: Mapping | None) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def cli_help(width: int = 100) -> str:
+    """``jetflow --help`` and every subcommand's ``--help`` as markdown, wrapped at ``width`` columns
+    whatever the terminal (docs/cli.md holds it, so the page cannot drift from the parser)."""
+    import argparse
+    import os
+    from .cli import build_parser
+    parser, saved = build_parser(), os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(width)  # argparse wraps at the terminal's width
+    try:
+        subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        parts = [("jetflow --help", parser.format_help())]
+        parts += [(f"jetflow {name} --help", sub.format_help()) for name, sub in subs.items()]
+    finally:
+        os.environ.pop("COLUMNS") if saved is None else os.environ.update(COLUMNS=saved)
+    return "\n\n".join(f"### `{title}`\n\n```text\n{text.rstrip()}\n```" for title, text in parts)
+
+
+# The headline: each method at its best budget in one named bf16 run (never the best of several runs).
+HEADLINE = (("ar", "cpu-table-bf16"), ("lookup", "cpu-table-bf16"), ("ddtree", "cpu-table-bf16"),
+            ("jetflow", "cpu-table-bf16"), ("jetflow-bp", "cpu-speed-bf16"), ("jetflow+lookup", "cpu-merged-bf16"))
+
+
+def headline(results: Path, sources: Sequence[tuple[str, str]] = HEADLINE,
+             datasets: Sequence[str] = ("gsm8k", "math500")) -> str:
+    """One row per method, one column per dataset: the method's best speedup over the budgets of its
+    source run (``SOURCE-DATASET``), with that budget; then the sources, the hardware and fp32's count."""
+    body = []
+    for method, source in sources:
+        cells = []
+        for ds in datasets:
+            got = [r for r in load(results, f"{source}-{ds}") if r["method"] == method and _reused(r) is None]
+            if not got:
+                raise ValueError(f"{source}-{ds} has no {method} row")
+            best = max(got, key=lambda r: r["speedup"] or 0)
+            cells.append(cell(best) + ("" if best["budget"] is None else f", B={best['budget']}"))
+        body.append([method, *cells])
+    runs = {}
+    for method, source in sources:
+        runs.setdefault(source, []).append(method)
+    named = "; ".join(f"`{src}-*`: {', '.join(ms)}" for src, ms in runs.items())
+    first = load(results, f"{sources[0][1]}-{datasets[0]}")[0]
+    return (_md(["method", *(DATASET_NAMES.get(d, d) for d in datasets)], body)
+            + f"\n\nRuns (`data/results/`, each with its own AR): {named}. Hardware: {first['hardware']}, "
+            f"{first['dtype']}, torch {first['torch']}. {_fp32_count(results)}")
+
+
+def _fp32_count(results: Path) -> str:
+    """How many decoded fp32 outputs of the committed runs equal AR's (greedy fp32 must give all)."""
+    rows = [r for path in sorted(Path(results).glob("*/rows.json")) for r in json.loads(path.read_text())
+            if r.get("dtype") == "float32" and "speedup" in r and r["method"] != "ar" and _reused(r) is None]
+    same, total = sum(r["identical_to_ar"] for r in rows), sum(r["n_prompts"] for r in rows)
+    return f"In fp32, {same} of {total} decoded outputs of the committed runs are identical to AR's."
+
+
 GRID = tuple(f"cpu-table-bf16-{ds}" for ds in ("gsm8k", "math500", "humaneval", "mt_bench"))
 TABLES: dict[str, Callable[[Path], str]] = {
     "replay-tau": replay_tau,
@@ -187,38 +243,63 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "merged-auto": lambda res: speed_auto(res, ["cpu-merged-auto-bf16-gsm8k", "cpu-merged-auto-bf16-math500"]),
     "replay-tau-merged": lambda res: replay_tau(res, "cpu-replay-tau-merged",
                                                   ("jetflow+lookup", "ddtree+lookup", "jetflow-bp+lookup")),
+    "headline": headline,
+    "cli-help": lambda res: cli_help(),
 }
 
 
-# ----------------------------------------------------------------------------- README blocks
+DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout) -> its tables
+    "README.md": ("headline",),
+    "docs/cli.md": ("cli-help",),
+    "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
+                        "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged"),
+}
+
+
+# ----------------------------------------------------------------------------- document blocks
 def _block(name: str) -> re.Pattern:
     """Opening marker line, the table (group 1, every line ending in a newline), closing marker."""
     return re.compile(rf"<!-- table:{re.escape(name)} -->\n((?:.*?\n)?)<!-- /table:{re.escape(name)} -->", re.S)
 
 
-def check(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
-    """Names of the README tables that are missing or differ from the committed rows (empty: all agree)."""
-    text, stale = Path(readme).read_text(), []
-    for name, render in TABLES.items():
-        found = _block(name).search(text)
-        if found is None or found.group(1) != render(Path(results)) + "\n":
-            stale.append(name)
-    return stale
+def markers(text: str) -> list[str]:
+    """Names of the table blocks opened in a document's text (a marker on a line of its own), in order."""
+    return re.findall(r"^<!-- table:([\w.+-]+) -->$", text, re.M)
 
 
-def update(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
-    """Rewrite every README table from the committed rows; returns the names that changed. A table whose
-    markers are missing is an error (place the markers where the table belongs first)."""
-    path = Path(readme)
+def check_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS) -> list[str]:
+    """Those of ``names`` whose block in ``path`` is missing or differs from the committed rows."""
+    text = Path(path).read_text()
+    return [n for n in names if (found := _block(n).search(text)) is None
+            or found.group(1) != TABLES[n](Path(results)) + "\n"]
+
+
+def update_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS) -> list[str]:
+    """Rewrite the blocks ``names`` of ``path`` from the committed rows; returns the names that changed. A
+    table whose markers are missing is an error (place the markers where the table belongs first)."""
+    path = Path(path)
     text, changed = path.read_text(), []
-    for name, render in TABLES.items():
+    for name in names:
         pattern = _block(name)
         if pattern.search(text) is None:
             raise ValueError(f"{path} has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
-        body = render(Path(results))
+        body = TABLES[name](Path(results))
         new = pattern.sub(lambda m: f"<!-- table:{name} -->\n{body}\n<!-- /table:{name} -->", text)
         if new != text:
             changed.append(name)
         text = new
     path.write_text(text)
     return changed
+
+
+def check(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
+    """``DOCUMENT:NAME`` of every table in ``DOCUMENTS`` that is missing or stale (empty: all agree); the
+    documents are found in the folder of ``readme`` (the checkout)."""
+    root = Path(readme).parent
+    return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in check_file(root / doc, names, results)]
+
+
+def update(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
+    """Rewrite every table of every document beside ``readme``; returns ``DOCUMENT:NAME`` of those that changed."""
+    root = Path(readme).parent
+    return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in update_file(root / doc, names, results)]

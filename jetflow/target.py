@@ -15,8 +15,10 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 EMBEDDED = "smollm2-135m"  # name of the embedded default target
+ATTENTION = ("sdpa", "eager")  # implementations that take the 4-D additive tree mask as it is
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -139,6 +141,37 @@ def keep_path(cache: DynamicCache, past_len: int, path: list[int]) -> None:
         layer.keys, layer.values = layer.keys[..., :past_len + n, :], layer.values[..., :past_len + n, :]
 
 
+def unsupported(model: torch.nn.Module) -> str | None:
+    """Why the tree path cannot serve ``model`` (None if it can). Tree verification needs every layer to
+    attend fully to the cached prefix and the 4-D tree mask, and a plain per-layer KV cache whose rows
+    ``keep_path`` can move: a sliding window (its cache counts rows ``keep_path`` never updates, and the
+    tree mask ignores the window), linear/recurrent layers (state, not rows) or a kernel that drops the
+    custom mask would decode something other than AR output, silently."""
+    config = model.config
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in ATTENTION:
+        return f"attention implementation {impl!r} (need one of {', '.join(ATTENTION)}, which take the tree mask)"
+    kinds = sorted(set(getattr(config, "layer_types", None) or ()) - {"full_attention"})
+    if kinds:
+        return f"layer types {kinds} (every layer must be full attention)"
+    for key in ("sliding_window", "attention_chunk_size"):
+        if getattr(config, key, None) is not None and not getattr(config, "layer_types", None):
+            return f"{key}={getattr(config, key)} (every layer must attend to the whole context)"
+    layers = {type(layer).__name__ for layer in DynamicCache(config=config).layers if type(layer) is not DynamicLayer}
+    if layers:
+        return f"cache layers {sorted(layers)} (need plain DynamicLayer KV rows)"
+    return None
+
+
+def check_supported(model: torch.nn.Module, name: str = "the target") -> None:
+    """Refuse a model the tree path cannot serve losslessly (see ``unsupported``), with the reason."""
+    why = unsupported(model)
+    if why is not None:
+        raise ValueError(f"{name} ({type(model).__name__}) cannot be served by tree verification: {why}; "
+                         "use a model whose layers are all full attention (e.g. Llama, Qwen3, Qwen2 without "
+                         "sliding window) with attn_implementation='sdpa' or 'eager'")
+
+
 @functools.lru_cache(maxsize=4)
 def _load(name: str | None, dtype: str, device: str | None) -> Target:
     if dtype not in DTYPES:
@@ -153,6 +186,7 @@ def _load(name: str | None, dtype: str, device: str | None) -> Target:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **extra)
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot load target model {name!r}: {str(err).splitlines()[0]}") from err
+    check_supported(model, repr(name or EMBEDDED))
     model.eval().requires_grad_(False)
     if device is not None:
         model.to(device)

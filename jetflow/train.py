@@ -1,4 +1,4 @@
-"""Train a draft head on the target's own answers (METHOD.md section 4).
+"""Train a draft head on the target's own answers (docs/method.md, Training).
 
     cfg = TrainConfig.from_name("cpu", data="regen.jsonl", out="runs/jf")  # vary with dataclasses.replace
     head, history = train(cfg)  # out/: checkpoint/, history.jsonl, config.json + model.safetensors (bf16),
@@ -31,7 +31,6 @@ import hashlib
 import itertools
 import json
 import math
-import shlex
 import shutil
 import sys
 import time
@@ -45,7 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from jetflow.data import load_regenerated
+from jetflow import jsonl
+from jetflow.data import load_regenerated, portable_path, shell_join
 from jetflow.head import DraftHead, HeadConfig, block_positions, init_from_target, training_mask
 from jetflow.target import DTYPES, load_target
 
@@ -77,7 +77,7 @@ class TrainConfig:
     warmup: float = 0.04          # warmup fraction of the steps, then cosine to 0
     grad_clip: float = 1.0
     max_len: int = 3072           # truncate prompt + response
-    init: str = "target"          # "target": init_from_target; "random" stalls (FIELD_NOTES.md); or a
+    init: str = "target"          # "target": init_from_target; "random" stalls (docs/field-notes.md); or a
                                   # trained head's directory: warm start (continued training) from it
     draft_vocab: int = 0          # K > 0: draft only the K most frequent response tokens of the training
                                   # data (plus EOS): a K-row lm_head, cheaper to train and to draft with
@@ -116,7 +116,7 @@ class TrainConfig:
 PRESETS = {
     "paper": TrainConfig(),
     # 2 CPU cores, SmolLM2: ~4 s a step (1 thread, busy machine); a higher lr and gamma > 0 so the
-    # shallow depths are not swamped by the deep ones early on (FIELD_NOTES.md)
+    # shallow depths are not swamped by the deep ones early on (docs/field-notes.md)
     "cpu": TrainConfig(anchors_per_seq=32, seqs_per_step=4, steps=3000, lr=1e-3, gamma=4.0, max_len=512,
                        eval_every=100, eval_seqs=16, eval_stride=4, save_every=100, preset="cpu"),
     # seconds on a tiny model: tests and a first look at the pipeline
@@ -136,7 +136,7 @@ def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:
 def curriculum_weights(n_depths: int, cfg: "TrainConfig", step: int) -> torch.Tensor:
     """(D,) depth weights at ``step``: gamma's, or with ``gamma_start`` a linear blend that moves from
     gamma_start's weights to gamma's over the first ``curriculum`` fraction of the steps. Early in
-    training the deep, nearly unpredictable depths otherwise swamp depth 1 (FIELD_NOTES.md)."""
+    training the deep, nearly unpredictable depths otherwise swamp depth 1 (docs/field-notes.md)."""
     final = depth_weights(n_depths, cfg.gamma)
     if cfg.gamma_start is None:
         return final
@@ -190,7 +190,7 @@ def depth_accuracy(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor)
 
 
 def simulated_tau(acc) -> float:
-    """1 + sum_k prod_{i<=k} acc_i (METHOD.md section 4)."""
+    """1 + sum_k prod_{i<=k} acc_i (docs/method.md, Training)."""
     return 1.0 + float(torch.tensor(acc, dtype=torch.float64).cumprod(0).sum())
 
 
@@ -380,18 +380,45 @@ def train_step(run: Run, first: int) -> tuple[float, Counter]:
 
 
 def save_checkpoint(run: Run, progress: Progress) -> None:
-    """accelerate state (head, AdamW, scheduler, RNG) + train_state.json, swapped in by renames so an
-    interruption leaves the previous checkpoint whole."""
+    """accelerate state (head, AdamW, scheduler, RNG) + train_state.json, swapped in by renames so a kill
+    at any point leaves a whole checkpoint (``checkpoint``, or ``checkpoint.old`` between the renames)."""
     ckpt, tmp, old = run.out / "checkpoint", run.out / "checkpoint.tmp", run.out / "checkpoint.old"
+    if run.accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # a save cut short: never the only copy
+    run.accelerator.wait_for_everyone()
     run.accelerator.save_state(str(tmp))
     if run.accelerator.is_main_process:
-        state = asdict(progress) | {"config": asdict(run.cfg)}
-        (tmp / "train_state.json").write_text(json.dumps(state, indent=1) + "\n")
-        if ckpt.exists():
-            ckpt.rename(old)
-        tmp.rename(ckpt)
-        shutil.rmtree(old, ignore_errors=True)
+        state = asdict(progress) | {"config": asdict(run.cfg), "data_sha256": data_sha256(run.cfg.data)}
+        (tmp / "train_state.json").write_text(json.dumps(state, indent=1) + "\n")  # written last: marks tmp whole
+        _swap_in(tmp, ckpt, old)
     run.accelerator.wait_for_everyone()
+
+
+def _swap_in(new: Path, ckpt: Path, old: Path) -> None:
+    """Replace ``ckpt`` by the whole folder ``new``. ``old`` left by a kill is stale once ``ckpt``
+    exists (removed first), and the only whole copy while it does not (kept until ``new`` is in)."""
+    if old.exists() and ckpt.exists():
+        shutil.rmtree(old)
+    if ckpt.exists():
+        ckpt.rename(old)
+    new.rename(ckpt)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def data_sha256(path: str | Path) -> str:
+    """sha256 of a data file (resume and provenance identify the data by content, not by path)."""
+    path = Path(path)
+    stat = path.stat()
+    return _sha256_of(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def load_checkpoint(run: Run) -> Progress:
@@ -402,6 +429,11 @@ def load_checkpoint(run: Run) -> Progress:
         return Progress()
     state = json.loads((ckpt / "train_state.json").read_text())
     free = ("eval_every", "save_every", "eval_stride")  # may change between runs without changing results
+    if "data_sha256" in state:  # the data by content: a moved or renamed file resumes, an edited one does not
+        free += ("data", "out")
+        if state["data_sha256"] != data_sha256(run.cfg.data):
+            raise ValueError(f"{run.out} holds a checkpoint trained on other data (the sha256 of {run.cfg.data} "
+                             "differs); resume with the same data file or choose a new --out")
     changed = sorted(k for k, v in asdict(run.cfg).items() if state["config"].get(k) != v and k not in free)
     if changed:
         raise ValueError(f"{run.out} holds a checkpoint of another config (differs in {changed}); "
@@ -494,14 +526,43 @@ def train(cfg: TrainConfig, target=None, *, stop_at: int | None = None, progress
     """Train, or resume from ``cfg.out``, a head as ``cfg`` says. ``stop_at`` ends this call at that
     step with a checkpoint; the same call later continues it. -> (the fp32 head, history).
     The final head (bf16) and the provenance files are written once step ``cfg.steps`` is reached."""
-    run, rows = setup(cfg, target)
-    state = load_checkpoint(run)
-    history = read_history(run, state.step)
-    last = _loop(run, state, history, min(stop_at or cfg.steps, cfg.steps), progress)
-    if state.step == cfg.steps and run.accelerator.is_main_process:
-        run.head.save_pretrained(run.out, dtype=torch.bfloat16)
-        write_provenance(run, state, last, rows)
+    if not cfg.out:
+        raise ValueError("TrainConfig.out (--out) must name an output directory")
+    check_out(cfg.out)
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)  # the lock lives inside it
+    with jsonl.locked(cfg.out) if _is_main() else contextlib.nullcontext():
+        run, rows = setup(cfg, target)
+        state = load_checkpoint(run)
+        history = read_history(run, state.step)
+        last = _loop(run, state, history, min(stop_at or cfg.steps, cfg.steps), progress)
+        if state.step == cfg.steps and run.accelerator.is_main_process:
+            run.head.save_pretrained(run.out, dtype=torch.bfloat16)
+            write_provenance(run, state, last, rows)
     return run.head, history
+
+
+OWN_FILES = {".lock", "history.jsonl", "history.jsonl.tmp", "checkpoint.tmp"}  # what a run leaves before its first checkpoint
+
+
+def check_out(out: str | Path) -> None:
+    """Refuse an output folder that holds something other than a run of ours: without a checkpoint to
+    resume from, training would overwrite its history and weights (a shipped head, another project)."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    if any((out / d / "train_state.json").is_file() for d in ("checkpoint", "checkpoint.old")):
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in OWN_FILES)
+    if foreign:
+        raise ValueError(f"--out {str(out)!r} is not empty ({', '.join(foreign[:4])}"
+                         f"{', ...' if len(foreign) > 4 else ''}) and holds no checkpoint to resume from; "
+                         "training would overwrite it: choose a new or empty --out")
+
+
+def _is_main() -> bool:
+    """Whether this is the main process of an ``accelerate launch`` (only it writes to out/)."""
+    import os
+    return os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
 
 
 def _loop(run: Run, state: Progress, history: list[dict], end: int, progress: bool) -> dict:
@@ -535,18 +596,21 @@ def _log(run: Run, history: list[dict], entry: dict, elapsed_s: float, evaluate_
     ev = evaluate(run.head, run.target, run.eval_seqs, stride=run.cfg.eval_stride) if evaluate_now else {}
     history.append(entry | {"acc": ev.get("acc"), "sim_tau": ev.get("sim_tau"), "elapsed_s": elapsed_s})
     if run.accelerator.is_main_process:
-        with (run.out / "history.jsonl").open("a") as f:
-            f.write(json.dumps(history[-1]) + "\n")
+        jsonl.append(run.out / "history.jsonl", [history[-1]])
     return history[-1] if evaluate_now else None
 
 
 def read_history(run: Run, step: int) -> list[dict]:
-    """out/history.jsonl up to ``step``; an interrupted run's later entries are dropped, from the file too."""
+    """out/history.jsonl up to ``step``; an interrupted run's later entries (and a torn last line) are
+    dropped, from the file too (rewritten whole, then renamed over it)."""
     path = run.out / "history.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    rows = [h for h in map(json.loads, filter(str.strip, lines)) if h["step"] <= step]
+    rows = [h for h in jsonl.read(path, repair=run.accelerator.is_main_process) if h["step"] <= step]
     if run.accelerator.is_main_process:
-        path.write_text("".join(json.dumps(h) + "\n" for h in rows))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        jsonl.append(tmp, rows)
+        tmp.touch()
+        tmp.replace(path)
     return rows
 
 
@@ -559,46 +623,71 @@ CLI_FLAGS = {"init": "--init", "draft_vocab": "--draft-vocab", "model": "--model
 def command_for(cfg: TrainConfig) -> str:
     """The ``python -m jetflow train`` line that rebuilds ``cfg``: its preset plus each field that
     differs from it (fields without a flag of their own through ``--set key=value``)."""
-    args = ["python", "-m", "jetflow", "train", "--data", str(Path(cfg.data).resolve()),
-            "--out", str(Path(cfg.out).resolve()), "--preset", cfg.preset]
+    args = ["python", "-m", "jetflow", "train", "--data", portable_path(cfg.data),
+            "--out", portable_path(cfg.out), "--preset", cfg.preset]
     base = TrainConfig.from_name(cfg.preset)
     for name, value in ((f.name, getattr(cfg, f.name)) for f in fields(cfg)):
         if name in ("data", "out", "preset") or value == getattr(base, name):
             continue
         if name == "causal":
             args.append("--causal" if value else "--bidirectional")
+        elif name == "init" and value not in BUILTIN_INITS:
+            args += ["--init", portable_path(value)]
         else:
             args += [CLI_FLAGS[name], str(value)] if name in CLI_FLAGS else ["--set", f"{name}={value}"]
-    return shlex.join(args)
+    return shell_join(args)
+
+
+def portable_config(cfg: TrainConfig) -> dict:
+    """The config as provenance records it: its paths through ``portable_path`` (no machine-local paths)."""
+    paths = {k: portable_path(getattr(cfg, k)) for k in ("data", "out") if getattr(cfg, k)}
+    return asdict(cfg) | paths | ({"init": portable_path(cfg.init)} if cfg.init not in BUILTIN_INITS else {})
 
 
 def parse_set(cfg: TrainConfig, items: list[str]) -> TrainConfig:
-    """Apply ``--set key=value`` overrides, each typed like the field's current value."""
-    names = sorted({f.name for f in fields(cfg)} - {"data", "out", "preset", "model"})
+    """Apply ``--set key=value`` overrides, each parsed by the field's declared type (``float | None``
+    fields take a number or ``none``)."""
+    kinds = {f.name: f.type for f in fields(cfg)}
+    names = sorted(set(kinds) - {"data", "out", "preset", "model"})
     changes = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or key not in names:
             raise ValueError(f"--set expects key=value with key one of {names}, got {item!r}")
-        kind = type(getattr(cfg, key))
-        if kind is bool and raw.lower() not in ("true", "false"):
-            raise ValueError(f"--set {key} expects true or false, got {raw!r}")
-        changes[key] = raw.lower() == "true" if kind is bool else kind(raw)
+        changes[key] = _parse_field(key, str(kinds[key]), raw)
     return dataclasses.replace(cfg, **changes)
+
+
+def _parse_field(key: str, kind: str, raw: str):
+    """``raw`` as a value of a field declared ``kind`` ("int", "float | None", "bool", "str", ...)."""
+    options = [k.strip() for k in kind.split("|")]
+    if "None" in options and raw.lower() in ("none", "null", ""):
+        return None
+    base = next(k for k in options if k != "None")
+    if base == "bool":
+        if raw.lower() not in ("true", "false"):
+            raise ValueError(f"--set {key} expects true or false, got {raw!r}")
+        return raw.lower() == "true"
+    parse = {"int": int, "float": float, "str": str}[base]
+    try:
+        return parse(raw)
+    except ValueError:
+        raise ValueError(f"--set {key} expects {'a number' if base != 'str' else 'text'}"
+                         f"{' or none' if 'None' in options else ''} ({kind}), got {raw!r}") from None
 
 
 def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) -> dict:
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
     import transformers
     cfg, path = run.cfg, Path(run.cfg.data)
-    data = {"file": path.name, "path": str(path.resolve()),
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "sequences": len(rows),
+    data = {"file": path.name, "path": portable_path(path),
+            "sha256": data_sha256(path), "sequences": len(rows),
             "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
             "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
     meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`
     data["command"] = json.loads(meta.read_text()).get("command") if meta.is_file() else None
     prov = {"command": command_for(cfg), "lineage": lineage(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
-            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": asdict(cfg),
+            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": portable_config(cfg),
             "final": {"acc": last["acc"], "sim_tau": last["sim_tau"], "eval_step": last["step"]},
             "tau_convention": TAU_NOTE, "versions": {"torch": torch.__version__,
                                                      "transformers": transformers.__version__,
@@ -621,5 +710,5 @@ def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) ->
         f"- simulated tau **{last['sim_tau']:.3f}** at step {last['step']} ({TAU_NOTE})", "",
         "| depth | " + " | ".join(map(str, range(1, len(acc) + 1))) + " |", "|---|" + "---|" * len(acc),
         "| accuracy | " + " | ".join(f"{a:.3f}" for a in acc) + " |", "",
-        "Config:", "", "```json", json.dumps(asdict(cfg), indent=2), "```", ""]))
+        "Config:", "", "```json", json.dumps(prov["config"], indent=2), "```", ""]))
     return prov

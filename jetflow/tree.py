@@ -1,4 +1,4 @@
-"""Candidate trees: a typed container, the three builders of METHOD.md section 5, and ``merge``.
+"""Candidate trees: a typed container, the builders of docs/method.md (Tree builders), and ``merge``.
 
 Pure torch; imports nothing else from jetflow. A tree holds the root (the anchor, index 0)
 followed by its draft nodes in insertion order, parents before children, so the budget B is

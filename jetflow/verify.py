@@ -1,4 +1,4 @@
-"""Lossless tree verification (METHOD.md section 6): masks, acceptance rules, cache compaction.
+"""Lossless tree verification (docs/method.md, Verification): masks, acceptance rules, cache compaction.
 
 Pure torch; imports only ``jetflow.tree``. The target forward itself lives in ``decode.py``:
 this module turns a tree into what that forward needs and its logits into an accepted path.
@@ -52,8 +52,8 @@ def sample_accept(tree: Tree, logits: torch.Tensor, temperature: float,
     exactly as plain sampling whatever the tree holds. (Chain-style min(1, p/q) is not used: with
     siblings it is not lossless.)
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+    if not 0 < temperature < float("inf"):  # also refuses NaN
+        raise ValueError(f"temperature must be finite and > 0 for sampling, got {temperature}")
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     choice = torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
     path = _follow(tree, choice)

@@ -44,6 +44,15 @@ def _label(token: int, decode: Decode | None) -> str:
     return html.escape(repr(decode([token])), quote=False) if decode is not None else str(token)
 
 
+def node_text(token: int, decode: Decode | None, limit: int = 10) -> str:
+    """A node's on-figure label: the token's text with whitespace made visible (space = "·",
+    newline = "⏎"), cut to ``limit`` characters, HTML-escaped (plotly renders a little HTML)."""
+    text = decode([token]) if decode is not None else str(token)
+    text = text.replace(" ", "·").replace("\n", "⏎").replace("\t", "⇥")
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return html.escape(text, quote=False)
+
+
 def _rounds(rounds) -> list:
     return list(rounds.rounds) if hasattr(rounds, "rounds") else list(rounds)
 
@@ -75,19 +84,34 @@ def _edges(x, y, pairs) -> tuple[list, list]:
     return ex, ey
 
 
-def _nodes(name, idx, x, y, hover, marker) -> go.Scatter:
-    return go.Scatter(x=[x[i] for i in idx], y=[y[i] for i in idx], mode="markers", name=name,
-                      customdata=idx, hovertext=[hover[i] for i in idx], hoverinfo="text", marker=marker)
+def _nodes(name, idx, x, y, hover, marker, text=None) -> go.Scatter:
+    """Node markers; with ``text`` (one label per tree node) each marker carries its label above it.
+    ``mode`` and ``text`` are always set, so a FigureWidget updated from this trace never keeps stale labels."""
+    return go.Scatter(x=[x[i] for i in idx], y=[y[i] for i in idx], name=name, customdata=idx,
+                      mode="markers" if text is None else "markers+text",
+                      text=None if text is None else [text[i] for i in idx], textposition="top center",
+                      textfont=dict(size=10, color="#333333"), cliponaxis=False,
+                      hovertext=[hover[i] for i in idx], hoverinfo="text", marker=marker)
+
+
+def tree_height(rows: int) -> int:
+    """Figure height in pixels for a tree of ``rows`` leaves: ~26 px a row, between 360 and 1200."""
+    return min(1200, max(360, 26 * rows + 160))
+
+
+LABEL_LIMIT = 80  # trees up to this many nodes carry token text on every node (bigger ones: hover only)
 
 
 def tree_figure(round_or_tree, *, decode: Decode | None = None, target_choice: Sequence[int] | None = None,
-                title: str | None = None) -> go.Figure:
+                title: str | None = None, labels: bool | None = None) -> go.Figure:
     """One candidate tree: x = depth, y = tidy rank, edges parent -> child, nodes coloured by
     cumulative draft log-prob. Given a Round, its accepted path (``Round.path``) is drawn as thick
     edges and outlined coloured nodes (trace "accepted") and every other node is grey (trace
     "rejected"); a bare Tree gets one coloured trace "nodes". Each node trace's ``customdata``
     holds node indices. Hover: token, log-prob, depth and the target's own choice at that node
     (``target_choice`` overrides ``Round.target_choice``). ``decode(list[int]) -> str`` renders ids.
+    ``labels``: token text on every node (``node_text``); default on for trees of at most
+    ``LABEL_LIMIT`` nodes.
     """
     is_tree = isinstance(round_or_tree, Tree)
     tree = round_or_tree if is_tree else round_or_tree.tree
@@ -97,6 +121,8 @@ def tree_figure(round_or_tree, *, decode: Decode | None = None, target_choice: S
         raise ValueError(f"target_choice has {len(choice)} entries for a tree of {len(tree)} nodes")
     x, y = tree_layout(tree)
     tokens, parents, score = tree.tokens.tolist(), tree.parents.tolist(), tree.score.tolist()
+    labels = len(tree) <= LABEL_LIMIT if labels is None else labels
+    text = [node_text(t, decode) for t in tokens] if labels else None
     hover = []
     for i, tok in enumerate(tokens):
         lines = [("anchor " if i == 0 else "") + _label(tok, decode),
@@ -109,7 +135,8 @@ def tree_figure(round_or_tree, *, decode: Decode | None = None, target_choice: S
     colour = dict(colorscale=SCORE_SCALE, colorbar=dict(title=dict(text="cum. log-prob")),
                   cmin=min(score), cmax=max(score)) if max(score) > min(score) else dict(colorscale=SCORE_SCALE)
 
-    fig = _figure(title or _tree_title(tree, round_or_tree, path, decode),
+    rows = int(max(y)) + 1  # leaves, one per row: room for a label on each
+    fig = _figure(title or _tree_title(tree, round_or_tree, path, decode), height=tree_height(rows),
                   xaxis=dict(title=dict(text="depth"), dtick=1),
                   yaxis=dict(autorange="reversed", showticklabels=False, showgrid=False))
     ex, ey = _edges(x, y, [(p, c) for c, p in enumerate(parents) if p >= 0])
@@ -118,7 +145,8 @@ def tree_figure(round_or_tree, *, decode: Decode | None = None, target_choice: S
     if path is None:
         idx = list(range(len(tree)))
         fig.add_trace(_nodes("nodes", idx, x, y, hover, dict(
-            size=size, symbol=symbols, color=score, line=dict(color="white", width=1), **colour)))
+            size=size, symbol=symbols, color=score, line=dict(color="white", width=1), **colour), text))
+        fig.update_traces(showlegend=False, selector=dict(name="nodes"))  # one trace: the colour bar says it all
         return fig
     fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0))  # clear of the colour bar
     ex, ey = _edges(x, y, zip(path[:-1], path[1:]))
@@ -127,10 +155,10 @@ def tree_figure(round_or_tree, *, decode: Decode | None = None, target_choice: S
     on_path = set(path)
     rejected = [i for i in range(len(tree)) if i not in on_path]
     fig.add_trace(_nodes("rejected", rejected, x, y, hover, dict(
-        size=size, color=GREY, symbol=[symbols[i] for i in rejected], line=dict(color="white", width=1))))
+        size=size, color=GREY, symbol=[symbols[i] for i in rejected], line=dict(color="white", width=1)), text))
     fig.add_trace(_nodes("accepted", path, x, y, hover, dict(
         size=size + 4, color=[score[i] for i in path], symbol=[symbols[i] for i in path],
-        line=dict(color=PATH, width=3), **colour)))
+        line=dict(color=PATH, width=3), **colour), text))
     return fig
 
 
@@ -293,7 +321,7 @@ def budget_curve(rows: Sequence[dict], y: str = "tau") -> go.Figure:
     methods = list(dict.fromkeys(m for m, _ in series))
     datasets = list(dict.fromkeys(d for _, d in series))
     budgets = sorted({b for pts in series.values() for b in pts})
-    fig = _figure(f"{y} against draft budget", CONVENTIONS,
+    fig = _figure(f"{y} against draft budget", CONVENTIONS, height=max(450, 22 * len(series) + 160),  # legend fits
                   xaxis=dict(title=dict(text="budget (draft nodes, root excluded)"), type="log",
                              tickvals=budgets, ticktext=[str(b) for b in budgets]),
                   yaxis=dict(title=dict(text=y)), legend=dict(title=dict(text="method")))
@@ -343,67 +371,116 @@ def training_curves(history: Sequence[dict], depths: Sequence[int] | None = None
     return fig
 
 
-# ----------------------------------------------------------------------------- widgets
-class TreeExplorer:
-    """A thin ipywidgets shell over ``render_round`` and ``acceptance_heatmap``.
+# ----------------------------------------------------------------------------- one round, stage by stage
+def logp_table(logp: torch.Tensor, decode: Decode | None = None, top: int | None = None) -> go.Figure:
+    """Per-depth draft probabilities as a table-like heatmap: row d = depth d, one column per token
+    (``top``: only the tokens that are among the ``top`` most likely at some depth), each cell printing
+    its probability. The input of every tree builder (``logp`` (D, V) log-probs)."""
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be (depths, vocab), got shape {tuple(logp.shape)}")
+    probs = logp.float().exp()
+    cols = list(range(probs.shape[1])) if top is None else sorted(
+        set(probs.topk(min(top, probs.shape[1]), dim=-1).indices.flatten().tolist()))
+    z = probs[:, cols]  # (D, C)
+    fig = _figure("Draft probabilities per depth (the builders' input)", "row d: the head's guess for depth d",
+                  xaxis=dict(title=dict(text="token"), type="category", side="top"),
+                  yaxis=dict(title=dict(text="depth"), autorange="reversed", dtick=1))
+    fig.add_trace(go.Heatmap(z=z.tolist(), x=[node_text(c, decode) for c in cols],
+                             y=list(range(1, probs.shape[0] + 1)), zmin=0, zmax=1, colorscale="Blues",
+                             texttemplate="%{z:.2f}", showscale=False, xgap=2, ygap=2,
+                             hovertemplate="depth %{y}, token %{x}<br>p = %{z:.3f}<extra></extra>"))
+    return fig
 
-    ``results`` maps (prompt, method, budget) to a decode Result (each with >= 1 round). Dropdowns
-    pick the prompt and method, sliders the budget and the round; the tree of the selected round and
-    the heatmap of the selected run redraw on every change. ``controls`` holds the four widgets by
-    name, so setting ``explorer.controls["method"].value = "lookup"`` from Python acts like a click,
-    and ``summary()`` returns ``round_summary`` of what is on screen. Display the object itself.
-    """
 
-    def __init__(self, results, decode: Decode | None = None):
-        import ipywidgets as widgets
-        if not results or any(not r.rounds for r in results.values()):
-            raise ValueError("TreeExplorer needs at least one result, each with at least one round")
-        self.results, self.decode = dict(results), decode
-        keys = list(self.results)
-        prompts, methods, budgets = (list(dict.fromkeys(k[i] for k in keys)) for i in range(3))
-        self.controls = {
-            "prompt": widgets.Dropdown(options=prompts, description="prompt"),
-            "method": widgets.Dropdown(options=methods, description="method"),
-            "budget": widgets.SelectionSlider(options=budgets, description="budget"),
-            "round": widgets.IntSlider(value=0, min=0, max=0, description="round"),
-        }
-        self.label, self.tree_view, self.heat_view = widgets.HTML(), widgets.Output(), widgets.Output()
-        for name in ("prompt", "method", "budget"):
-            self.controls[name].observe(self._on_run, names="value")
-        self.controls["round"].observe(self._on_round, names="value")
-        c = self.controls
-        self.box = widgets.VBox([widgets.HBox([c["prompt"], c["method"]]), widgets.HBox([c["budget"], c["round"]]),
-                                 self.label, self.tree_view, self.heat_view])
-        self._on_run()
+def acceptance_table(rows: Sequence[dict]) -> go.Figure:
+    """A ✅/❌ table of one round's verification (rows of ``walkthrough.acceptance_rows``): every
+    drafted child of an accepted node, whether the target took it, and the target's own choice there."""
+    if not rows:
+        raise ValueError("acceptance_table needs at least one row")
+    cols = ["depth", "drafted", "verdict", "target chose"]
+    cells = [[str(r[c]) for r in rows] for c in ("depth", "drafted", "verdict", "target")]
+    fill = [["#e8f5e9" if r["verdict"] == "✅" else "#fdecea" if r["verdict"] == "❌" else "#fff8e1"
+             for r in rows]] * len(cols)
+    fig = _figure("Verification along the accepted path", "❌ rows: what the target wrote instead; "
+                  "⭐ the bonus token", height=170 + 24 * len(rows))
+    fig.add_trace(go.Table(header=dict(values=cols, fill_color="#eeeeee", align="left"),
+                           cells=dict(values=cells, fill_color=fill, align="left")))
+    return fig
 
-    @property
-    def result(self):
-        """The Result of the selected (prompt, method, budget)."""
-        key = tuple(self.controls[k].value for k in ("prompt", "method", "budget"))
-        if key not in self.results:
-            raise KeyError(f"no result for (prompt, method, budget) = {key}")
-        return self.results[key]
 
-    def summary(self) -> dict:
-        return round_summary(self.result, self.controls["round"].value)
+def tree_mask(tree: Tree, decode: Decode | None = None, past_len: int = 0) -> go.Figure:
+    """The verify mask of ``tree`` with token text on both axes: query node i may attend key node j
+    (its ancestors and itself); every node also sees all ``past_len`` cached prefix rows (one column
+    "prefix", drawn only when ``past_len`` > 0)."""
+    names = [f"{i}:{node_text(t, decode, 8)}" for i, t in enumerate(tree.tokens.tolist())]
+    mask = ancestor_mask(tree.parents)  # (N+1, N+1)
+    keys = names
+    if past_len:
+        mask = torch.cat([torch.ones(len(tree), 1, dtype=torch.bool), mask], dim=1)
+        keys = [f"prefix ({past_len})"] + names
+    fig = _figure(f"Verify mask of the tree verified ({len(tree)} nodes)", "blue: may attend",
+                  height=tree_height(len(tree)) + 60,
+                  xaxis=dict(title=dict(text="key"), type="category", tickangle=-60, tickmode="array", tickvals=keys),
+                  yaxis=dict(title=dict(text="query"), type="category", autorange="reversed", tickmode="array",
+                             tickvals=names))
+    fig.add_trace(_mask_heatmap(mask, keys, names))
+    return fig
 
-    def _on_run(self, change=None) -> None:
-        from IPython.display import display
-        result = self.result
-        self.controls["round"].max = len(result.rounds) - 1  # clamps the value, which redraws the tree
-        self.heat_view.clear_output(wait=True)
-        with self.heat_view:
-            display(acceptance_heatmap(result))
-        self._on_round()
 
-    def _on_round(self, change=None) -> None:
-        from IPython.display import display
-        s = self.summary()
-        self.label.value = (f"round {s['round'] + 1}/{s['rounds']}: {s['nodes']} draft nodes, depth {s['depth']}, "
-                            f"{s['accepted']} accepted + bonus = {s['committed']} committed")
-        self.tree_view.clear_output(wait=True)
-        with self.tree_view:
-            display(render_round(self.result, s["round"], self.decode))
+def verify_cost(cost_by_size: dict[int, float], draft_s: float | None = None) -> go.Figure:
+    """Seconds of one verify step against the tokens verified (budget + 1), from
+    ``budget.measure_verify_cost``, on log-log axes; ``draft_s`` (one draft pass) as a dashed line."""
+    if not cost_by_size:
+        raise ValueError("verify_cost needs at least one measured size")
+    ks = sorted(cost_by_size)
+    fig = _figure("Cost side: verify time against tree size", "on a GPU this stays nearly flat; on a CPU it grows",
+                  xaxis=dict(title=dict(text="tokens verified (budget + 1)"), type="log",
+                             tickvals=ks, ticktext=[str(k) for k in ks]),
+                  yaxis=dict(title=dict(text="ms per step"), type="log"))
+    fig.add_trace(go.Scatter(x=ks, y=[1000 * cost_by_size[k] for k in ks], mode="lines+markers",
+                             name="verify", line=dict(color=PALETTE[0])))
+    if draft_s is not None:
+        fig.add_trace(go.Scatter(x=[ks[0], ks[-1]], y=[1000 * draft_s] * 2, mode="lines", name="draft (one pass)",
+                                 line=dict(color=PALETTE[1], dash="dash")))
+    return fig
 
-    def _repr_mimebundle_(self, **kwargs):
-        return self.box._repr_mimebundle_(**kwargs)
+
+def distribution_check(observed: Sequence[int], expected: Sequence[float], decode: Decode | None = None,
+                       top: int = 8) -> go.Figure:
+    """Bars of how often each token came first out of sample-and-match (``observed`` counts per token id)
+    beside the target's own probability (``expected``) for the ``top`` most likely tokens."""
+    if len(observed) != len(expected):
+        raise ValueError(f"observed has {len(observed)} entries, expected {len(expected)}")
+    n = sum(observed)
+    if n == 0:
+        raise ValueError("distribution_check needs at least one draw")
+    ids = sorted(range(len(expected)), key=lambda i: -expected[i])[:top]
+    names = [node_text(i, decode) for i in ids]
+    fig = _figure(f"First committed token, {n} sampled rounds vs the target's distribution", CONVENTIONS,
+                  xaxis=dict(title=dict(text="token"), type="category"), yaxis=dict(title=dict(text="probability")),
+                  barmode="group")
+    fig.add_trace(go.Bar(x=names, y=[observed[i] / n for i in ids], name="sample-and-match",
+                         marker=dict(color=PALETTE[0])))
+    fig.add_trace(go.Bar(x=names, y=[expected[i] for i in ids], name="target softmax(logits / T)",
+                         marker=dict(color=PALETTE[1])))
+    return fig
+
+
+# ----------------------------------------------------------------------------- reading result rows
+def head_to_head(rows: Sequence[dict], first: str, second: str, y: str = "tau") -> dict:
+    """Compare two methods cell by cell, a cell being a (dataset, budget) both have a row for:
+    {"cells": n, "at_or_above": cells where ``first`` >= ``second``, "above": strictly above,
+    "gaps": {(dataset, budget): first - second}}. Rows as for ``budget_curve``."""
+    values: dict[str, dict[tuple, float]] = {first: {}, second: {}}
+    for row in rows:
+        if row.get("method") in values:
+            cell = (row.get("dataset"), row["budget"])
+            if cell in values[row["method"]]:
+                raise ValueError(f"two rows for method {row['method']!r} at {cell}")
+            values[row["method"]][cell] = row[y]
+    cells = sorted(values[first].keys() & values[second].keys(), key=lambda c: (str(c[0]), c[1]))
+    if not cells:
+        raise ValueError(f"no (dataset, budget) cell has rows for both {first!r} and {second!r}")
+    gaps = {c: values[first][c] - values[second][c] for c in cells}
+    return {"cells": len(cells), "at_or_above": sum(g >= 0 for g in gaps.values()),
+            "above": sum(g > 0 for g in gaps.values()), "gaps": gaps}

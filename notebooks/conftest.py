@@ -1,8 +1,12 @@
-"""nbval settings for the tested notebooks (NOTEBOOKS.md).
+"""nbval settings for the tested notebooks.
 
 - Smoke mode: the kernel nbval starts inherits this process's environment, so the notebooks' first
   cell sees JETFLOW_SMOKE=1 under the test runner (small prompts, steps, budgets) and does the full
-  run when opened by hand.
+  run when opened by hand. In smoke mode prompts come from the bundled fixtures unless
+  JETFLOW_DATA_DIR names a folder (``jetflow.data.data_dir``), so the tests need neither the offline
+  data folder nor the network.
+- Stored outputs, checked cells included, are refreshed by ``make notebooks-refresh``;
+  tests/test_notebooks.py fails if a checked cell was committed unexecuted.
 - The kernel runs in notebooks/: put the repository root on its PYTHONPATH so ``import jetflow``
   works there without an install (a relative PYTHONPATH=. would point at notebooks/).
 - Plotly figures and HTML carry random ids: never compare them, even in a checked cell.

@@ -8,6 +8,14 @@ from fakes import ByteTokenizer, tiny_model
 from jetflow.target import Target, embedded_gguf, load_target
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that loads the embedded SmolLM2 (the ``smol`` fixture) is ``slow``, so
+    ``pytest -m "not slow"`` is the fast unit run."""
+    for item in items:
+        if "smol" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def gguf_tokenizer():
     path = embedded_gguf()

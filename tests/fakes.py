@@ -26,3 +26,20 @@ def tiny_model(arch: str, vocab: int, seed: int = 0, eos: int | None = None, lay
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = 0
     return model.eval().requires_grad_(False)
+
+
+class CharTokenizer:
+    """A stand-in tokenizer that needs no files: every character is one id (its code point modulo the
+    vocabulary, above the 3 special ids), no chat template. Loads instantly in a child process."""
+    chat_template = None
+    eos_token_id = 2
+    pad_token_id = 0
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [1] + [3 + ord(c) % (self.vocab - 3) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))

@@ -204,10 +204,14 @@ def test_journal_refuses_other_settings_and_tolerates_a_cut_last_line(target, tm
         bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=5, **kw)
     with pytest.raises(ValueError, match="the prompts changed"):
         bench.run(target, ["ar"], {"math": PROMPTS["chat"]}, [2], max_new_tokens=4, **kw)
-    book.write_text(book.read_text()[:-20])  # the last record cut short, as by a kill mid-write
-    calls = counting(monkeypatch)
-    rows = bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=4, **kw)
-    assert calls == ["ar"] and rows[-1]["n_prompts"] == 1
+    whole = bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=4, **kw)
+    for cut in (1, 2):  # twice: a torn line must be cut off the file, not skipped and then appended onto
+        book.write_text(book.read_text()[:-20])  # the last record cut short, as by a kill mid-write
+        calls = counting(monkeypatch)
+        rows = bench.run(target, ["ar"], PROMPTS, [2], max_new_tokens=4, **kw)
+        assert calls == ["ar"] and strip_timing(rows)[-1]["tau"] == strip_timing(whole)[-1]["tau"]
+        assert [r["identical_to_ar"] for r in rows] == [r["identical_to_ar"] for r in whole]
+    assert len(book.read_text().splitlines()) == 1 + sum(map(len, PROMPTS.values()))
     (tmp_path / "other.jsonl").write_text("not a journal\n")
     with pytest.raises(ValueError, match="not a bench journal"):
         bench.Journal(tmp_path / "other.jsonl", {})

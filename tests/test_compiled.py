@@ -173,7 +173,7 @@ def test_compiled_sampling_matches_target_distribution(small_vocab_target):
     assert set(target.engine.compile_s) == {13}  # every tree (12 drafts + root) ran the compiled graph
 
 
-@pytest.mark.parametrize("argv", [["generate", "--prompt", "hi"], ["demo"], ["bench"]])
+@pytest.mark.parametrize("argv", [["generate", "--prompt", "hi"], ["bench"]])
 def test_every_decoding_command_takes_compile(argv):
     from jetflow.cli import build_parser
     parser = build_parser()

@@ -44,12 +44,28 @@ def root(tmp_path):
 # ---------------------------------------------------------------- locations
 
 
-def test_data_dir_argument_env_and_hub(tmp_path, monkeypatch):
-    monkeypatch.delenv("JETFLOW_DATA_DIR", raising=False)
-    assert data_dir() is None
-    assert data_dir(tmp_path) == tmp_path
-    monkeypatch.setenv("JETFLOW_DATA_DIR", str(tmp_path))
-    assert data_dir() == tmp_path
+@pytest.mark.parametrize("arg, env, smoke, expected", [
+    (None, None, None, None),                  # nothing set: the hub
+    (None, "", "0", None),                     # an empty variable counts as unset
+    (None, None, "1", "fixtures"),             # smoke mode never needs the network
+    ("fixtures", None, None, "fixtures"),
+    (None, "fixtures", None, "fixtures"),
+    ("tmp", None, "1", "tmp"),                 # a folder beats smoke mode's fixtures
+    (None, "tmp", "1", "tmp"),
+    ("tmp", "fixtures", None, "tmp"),          # the argument beats the variable
+])
+def test_data_dir_precedence(tmp_path, monkeypatch, arg, env, smoke, expected):
+    for name, value in (("JETFLOW_DATA_DIR", env), ("JETFLOW_SMOKE", smoke)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, str(tmp_path) if value == "tmp" else value)
+    got = data_dir(tmp_path if arg == "tmp" else arg)
+    assert got == {None: None, "fixtures": data.FIXTURES, "tmp": tmp_path}[expected]
+    assert data.source_name(got) == {None: "hub", "fixtures": "fixtures", "tmp": "data_dir"}[expected]
+
+
+def test_data_dir_missing_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         data_dir(tmp_path / "missing")
 
@@ -61,18 +77,103 @@ def test_cache_dir(tmp_path, monkeypatch):
     assert cache_dir() == Path.home() / ".cache" / "jetflow"
 
 
-def test_hub_failure_names_the_env_var(monkeypatch):
+@pytest.mark.parametrize("call", [lambda: load_prompts("gsm8k"), lambda: training_prompts(4, mix=(("chat", 1.0),)),
+                                  lambda: training_prompts(4, mix=(("code", 1.0),))])
+def test_hub_failure_says_how_to_get_the_data_in_one_line(monkeypatch, call):
     import datasets
 
     def offline(**kwargs):
-        raise ConnectionError("Couldn't reach the Hub")
+        raise ConnectionError("Couldn't reach the Hub\nmore detail")
 
-    monkeypatch.delenv("JETFLOW_DATA_DIR", raising=False)
+    for name in ("JETFLOW_DATA_DIR", "JETFLOW_SMOKE"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(RuntimeError, match="JETFLOW_DATA_DIR"):
-        load_prompts("gsm8k")
-    with pytest.raises(ValueError, match="JETFLOW_DATA_DIR"):  # chat/code prompts exist only locally
-        training_prompts(4, mix=(("chat", 1.0),))
+    with pytest.raises(RuntimeError, match="JETFLOW_DATA_DIR=fixtures") as err:
+        call()
+    assert "\n" not in str(err.value) and "Couldn't reach the Hub" in str(err.value)
+
+
+def test_training_sources_have_hub_sources(monkeypatch):
+    """chat and code come from the hub with the offline folder's ids, formats and filters."""
+    import datasets
+    calls = []
+    chosen = ["\n\nHuman: How do I bake bread?\n\nAssistant: Knead.\n\nHuman: More?\n\nAssistant: No.",
+              "\n\nHuman: how do i BAKE bread\n\nAssistant: Same question, normalized.",   # duplicate
+              "\n\nHuman: ok\n\nAssistant: too short to keep.",                             # under 3 characters
+              "\n\nHuman: " + "x" * 2001 + "\n\nAssistant: too long."]
+    fake = {"Anthropic/hh-rlhf": [{"chosen": c, "rejected": ""} for c in chosen],
+            "json": [{"instruction": "Write a function to reverse a string.", "input": "'abc'", "response": ""},
+                     {"instruction": "Write a python function to find the first repeated character in a string.",
+                      "input": "", "response": ""}],                                         # ~ MBPP task 1-600
+            "mbpp:train": [{"task_id": 601, "text": "Find the longest chain of pairs.", "test_list": ["assert f()"]}],
+            "mbpp:prompt": [], "mbpp:validation": [],
+            "mbpp:test": [{"task_id": 11, "text": "Write a python function to find the first repeated character "
+                                                  "in a given string.", "test_list": []}]}
+
+    def load_dataset(**kwargs):
+        calls.append(kwargs)
+        key = kwargs["path"] if "mbpp" not in kwargs["path"] else f"mbpp:{kwargs['split']}"
+        return fake[key]
+
+    for name in ("JETFLOW_DATA_DIR", "JETFLOW_SMOKE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    chat = training_prompts(1, mix=(("chat", 1.0),))
+    assert chat == [{"id": "hh-rlhf-helpful-base-test:0", "prompt": "How do I bake bread?"}]
+    assert data.hh_rlhf_prompts([{"chosen": c} for c in chosen]) == chat     # the rest filtered out
+    code = sorted(training_prompts(2, mix=(("code", 1.0),)), key=lambda p: p["id"])
+    assert [p["id"] for p in code] == ["gpteacher-codegen:0", "mbpp-train:601"]   # the near-MBPP one dropped
+    assert code[0]["prompt"] == "Write a function to reverse a string.\n\n'abc'"
+    assert code[1]["prompt"] == data.mbpp_prompt("Find the longest chain of pairs.", ["assert f()"])
+    assert calls[0] == data.HUB["chat"] and data.HUB["code"] in calls
+    with pytest.raises(ValueError, match="'code' has 2 prompts, 3 requested"):
+        training_prompts(3, mix=(("code", 1.0),))
+
+
+@pytest.mark.parametrize("a, b, expected", [("a b c", "A, b; c!", 1.0), ("a b", "c d", 0.0), ("a b c d", "a b", 0.5),
+                                            ("", "", 0.0)])
+def test_word_jaccard(a, b, expected):
+    assert data.word_jaccard(a, b) == expected
+
+
+# ---------------------------------------------------------------- the bundled fixtures
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_fixtures_serve_every_benchmark(dataset):
+    prompts = load_prompts(dataset, data_dir="fixtures")
+    assert len(prompts) == 24 and len({p["id"] for p in prompts}) == 24
+    assert {p["source"] for p in prompts} == {"fixtures"} and data.prompt_source(prompts) == "fixtures"
+
+
+def test_fixtures_serve_every_training_source():
+    prompts = training_prompts(48, data_dir="fixtures")
+    assert len({p["id"] for p in prompts}) == 48
+    assert {p["id"].split(":")[0] for p in prompts} >= {"gsm8k-train", "gpteacher-codegen", "hh-rlhf-helpful-base-test"}
+    with pytest.raises(ValueError, match="'gsm8k_train' has 24 prompts"):
+        training_prompts(200, data_dir="fixtures")
+
+
+def test_fixtures_ship_with_the_package():
+    import tomllib
+    patterns = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())[
+        "tool"]["setuptools"]["package-data"]["jetflow"]
+    shipped = {p for pattern in patterns for p in data.FIXTURES.parent.glob(pattern)}
+    assert {data.FIXTURES / f for f in data.LOCAL_FILES.values()} | {data.FIXTURES / "README.md"} <= shipped
+
+
+@pytest.mark.skipif(not os.environ.get("JETFLOW_DATA_DIR") or os.environ["JETFLOW_DATA_DIR"] == "fixtures",
+                    reason="JETFLOW_DATA_DIR does not name the full offline folder")
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_fixtures_are_the_first_prompts_of_the_full_sets(dataset):
+    full = load_prompts(dataset, limit=24)
+    assert [{k: v for k, v in p.items() if k != "source"} for p in full] == \
+        [{k: v for k, v in p.items() if k != "source"} for p in load_prompts(dataset, data_dir="fixtures")]
+
+
+def test_prompt_source():
+    assert data.prompt_source([{"source": "hub"}, {"source": "fixtures"}]) == "fixtures,hub"
+    assert data.prompt_source([{"id": "a", "prompt": "x"}]) is None
 
 
 # ---------------------------------------------------------------- benchmark prompts
@@ -91,7 +192,7 @@ def test_hub_failure_names_the_env_var(monkeypatch):
 def test_load_prompts_formats(root, dataset, ids, first):
     prompts = load_prompts(dataset, data_dir=root)
     assert [p["id"] for p in prompts] == ids
-    assert prompts[0]["prompt"] == first
+    assert prompts[0]["prompt"] == first and {p["source"] for p in prompts} == {"data_dir"}
     assert load_prompts(dataset, data_dir=root, limit=1) == prompts[:1]
 
 
@@ -253,7 +354,7 @@ def test_regenerate_resumes_after_interruption(tiny_target, tmp_path, monkeypatc
     monkeypatch.setattr(data, "generate_batch", crash_after_first_batch)
     with pytest.raises(KeyboardInterrupt):
         regenerate(tiny_target, PROMPTS, path, **kwargs)
-    assert read_lines(path) == full[:2]  # the first batch was flushed
+    assert read_lines(path) == full[:3]  # the settings header and the first batch were flushed
 
     monkeypatch.setattr(data, "generate_batch", real)
     regenerate(tiny_target, PROMPTS, path, **kwargs)
@@ -266,13 +367,16 @@ def test_regenerate_repairs_partial_last_line(tiny_target, tmp_path, monkeypatch
     regenerate(tiny_target, PROMPTS, path, **kwargs)
     full = read_lines(path)
     path.write_text("\n".join(full[:-1]) + "\n" + full[-1][:15], encoding="utf-8")  # killed mid-write
-    assert len(load_regenerated(path)) == len(full) - 1  # the torn line is ignored when reading
-    with caplog.at_level(logging.WARNING, logger="jetflow.data"):
+    assert len(load_regenerated(path)) == len(full) - 2  # header and torn line are left out when reading
+    with caplog.at_level(logging.WARNING, logger="jetflow.jsonl"):
         regenerate(tiny_target, PROMPTS, path, **kwargs)
-    assert "partially written" in caplog.text
+    assert "cut short by an interruption" in caplog.text
     assert read_lines(path) == full
     monkeypatch.setattr(data, "generate_batch", lambda *a, **k: pytest.fail("nothing left to generate"))
-    regenerate(tiny_target, PROMPTS, path, progress=False)
+    regenerate(tiny_target, PROMPTS, path, **(kwargs | {"batch_size": 4}))  # batch size: recorded, not compared
+    assert read_lines(path) == full
+    with pytest.raises(ValueError, match=r"other settings \(max_new_tokens: 3 -> 192\)"):
+        regenerate(tiny_target, PROMPTS, path, progress=False)  # would mix 3-token and 192-token answers
     assert read_lines(path) == full
 
 
@@ -300,12 +404,49 @@ def test_regenerate_bad_input(tiny_target, tmp_path, kwargs, match):
 def test_real_data_folder():
     counts = {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 500, "mt_bench": 80, "spec_bench": 480}
     assert set(counts) == set(DATASETS)
-    benchmark_ids = set()
+    benchmark_texts = set()
     for dataset, count in counts.items():
         prompts = load_prompts(dataset)
         assert len(prompts) == len({p["id"] for p in prompts}) == count
-        benchmark_ids |= {p["id"] for p in prompts}
+        benchmark_texts |= {normalized(p["prompt"]) for p in prompts}
     assert all(p["prompt"].endswith(MATH_SUFFIX) for p in load_prompts("gsm8k") + load_prompts("math500"))
     assert load_prompts("mbpp")[0]["id"] == "mbpp:11" and load_prompts("mbpp")[-1]["id"] == "mbpp:510"
     train = training_prompts(400, seed=0)
-    assert len({p["id"] for p in train}) == 400 and not benchmark_ids & {p["id"] for p in train}
+    assert len({p["id"] for p in train}) == 400
+    # leakage is about text: ids of different sources never collide, so comparing them could not fail
+    assert not benchmark_texts & {normalized(p["prompt"]) for p in train}
+
+
+def normalized(text: str) -> str:
+    """A prompt's words, lowercased, the math instruction removed: equal texts up to formatting."""
+    return " ".join(text.replace(MATH_SUFFIX, "").lower().split())
+
+
+
+# ---------------------------------------------------------------- portable paths (provenance)
+
+
+@pytest.mark.parametrize("path, env_cache, expected", [
+    (data.REPO_ROOT / "data" / "heads" / "x", None, "data/heads/x"),
+    ("~/.cache/jetflow/heads/regen.jsonl", None, "~/.cache/jetflow/heads/regen.jsonl"),
+    ("CACHE/heads/jetflow", "CACHE", "$JETFLOW_CACHE/heads/jetflow"),
+    ("CACHE", "CACHE", "$JETFLOW_CACHE"),
+    ("~/runs/a", None, "~/runs/a"),
+    ("/opt/elsewhere/a", None, "/opt/elsewhere/a"),
+])
+def test_portable_path(tmp_path, monkeypatch, path, env_cache, expected):
+    if env_cache:
+        monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path / env_cache))
+    else:
+        monkeypatch.delenv("JETFLOW_CACHE", raising=False)
+    path = str(path).replace("CACHE", str(tmp_path / "CACHE")) if env_cache else path
+    assert data.portable_path(path) == expected
+
+
+def test_shell_join_leaves_home_and_cache_for_the_shell_to_expand(tmp_path):
+    import subprocess
+    args = ["~/a b", "$JETFLOW_CACHE/x y", "it's", "$HOME", "~"]
+    line = data.shell_join(args)
+    out = subprocess.run(["bash", "-c", "printf '%s\\n' " + line], capture_output=True, text=True, check=True,
+                         env={"HOME": str(tmp_path), "JETFLOW_CACHE": "/c", "PATH": os.environ["PATH"]}).stdout
+    assert out.splitlines() == [f"{tmp_path}/a b", "/c/x y", "it's", "$HOME", "~"]

@@ -69,7 +69,7 @@ def test_cli_lookup_json_equals_ar(smol, capsys):
     (["--prompt", "hi", "--budget", "0"], "--budget must be >= 1"),
     (["--prompt", "hi", "--budget", "many"], "--budget must be an integer"),
     (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
-    (["--prompt", "hi", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["--prompt", "hi", "--temperature", "-1"], "--temperature must be a finite number >= 0"),
     (["--prompt", "hi", "--method", "medusa"], "unknown method 'medusa'"),
     (["--prompt", "hi", "--model", "/nonexistent/model-dir"], "cannot load target model"),
     (["--prompt", "word " * 9000], "exceeds the model's context"),

@@ -98,7 +98,12 @@ def test_anchors_lie_in_the_response_and_are_reproducible():
     assert a.min() >= 5 and a.max() <= 18
     assert sample_anchors(5, 9, 8, g()).tolist() == [5, 6, 7]  # fewer available than asked
     cfg = TrainConfig(anchors_per_seq=4)
-    assert torch.equal(anchors_at(17, 5, 30, cfg), anchors_at(17, 5, 30, cfg))
+    drawn = {(pos, seed): anchors_at(pos, 5, 30, dataclasses.replace(cfg, seed=seed)) for pos in range(6)
+             for seed in (0, 1)}
+    for a in drawn.values():  # response tokens with a successor: prompt_len .. seq_len - 2
+        assert a.numel() == 4 and a.unique().numel() == 4 and a.min() >= 5 and a.max() <= 28
+    assert len({tuple(a.tolist()) for a in drawn.values()}) > 8  # they move with position and with seed
+    assert not torch.equal(drawn[3, 0], drawn[3, 1]) and not torch.equal(drawn[3, 0], drawn[4, 0])
 
 
 def test_lr_schedule_warms_up_then_decays_to_zero():
@@ -165,9 +170,23 @@ def test_resume_matches_an_uninterrupted_run(target, data, tmp_path):
 
 
 def test_resume_refuses_another_config(target, data, tmp_path):
-    train(smoke(data, tmp_path), target, stop_at=2, progress=False)
+    out = tmp_path / "run"
+    train(smoke(data, out), target, stop_at=2, progress=False)
     with pytest.raises(ValueError, match="gamma"):
-        train(smoke(data, tmp_path, gamma=3.0), target, progress=False)
+        train(smoke(data, out, gamma=3.0), target, progress=False)
+
+
+def test_resume_identifies_the_data_by_content_not_path(target, data, tmp_path):
+    out = tmp_path / "run"
+    train(smoke(data, out), target, stop_at=2, progress=False)
+    moved = tmp_path / "moved" / "renamed.jsonl"
+    moved.parent.mkdir()
+    data.rename(moved)
+    _, history = train(smoke(moved, out), target, stop_at=3, progress=False)  # same bytes elsewhere: resumes
+    assert history[-1]["step"] == 3
+    moved.write_text("".join(json.dumps(r) + "\n" for r in fake_rows(seed=1)))  # same path, other data
+    with pytest.raises(ValueError, match="trained on other data"):
+        train(smoke(moved, out), target, progress=False)
 
 
 def test_outputs_and_provenance(target, data, tmp_path):

@@ -5,7 +5,7 @@ import torch
 
 from jetflow import viz
 from jetflow.decode import Result, Round
-from jetflow.tree import Tree, accum_logp, best_prefix
+from jetflow.tree import Tree, accum_logp, ancestor_mask, best_prefix
 
 # node:   0     1    2    3    4    5    6           0 root
 # token: 10    11   12   13   14   15   16          ├─1 ── 3 ── 5
@@ -81,6 +81,7 @@ def test_tree_figure_bare_tree():
     fig = viz.tree_figure(tree_a(), decode=decode)
     d = fig.to_dict()
     assert [t["name"] for t in d["data"]] == ["edges", "nodes"]
+    assert trace(fig, "nodes")["showlegend"] is False
     nodes = trace(fig, "nodes")
     assert list(nodes["customdata"]) == list(range(7))
     assert list(nodes["marker"]["color"]) == pytest.approx(SCORES)
@@ -256,6 +257,8 @@ def test_budget_curve_datasets_use_dashes():
     assert len(d["data"]) == 2
     assert {t["line"]["dash"] for t in d["data"]} == {"solid", "dash"}
     assert len({t["line"]["color"] for t in d["data"]}) == 1  # one method, one colour
+    many = [dict(r, dataset=f"d{k}") for r in ROWS[:3] for k in range(20)]  # 20 legend entries
+    assert viz.budget_curve(many).to_dict()["layout"]["height"] > d["layout"]["height"] == 450
 
 
 @pytest.mark.parametrize("rows,y,match", [
@@ -287,42 +290,100 @@ def test_training_curves():
         viz.training_curves(history, depths=[16])
 
 
-# ----------------------------------------------------------------------------- widgets
-def explorer_results():
-    """(prompt, method, budget) -> Result: 4 hand rounds, 2 rounds, 1 root-only round."""
-    hand = Result(prompt_ids=[1], tokens=[], text="", rounds=rounds_hand())
-    short = Result(prompt_ids=[1], tokens=[], text="", rounds=rounds_hand()[:2])
-    root_only = Result(prompt_ids=[1], tokens=[], text="", rounds=[make_round(Tree.from_lists([5], [-1]), [0])])
-    return {("p", "a", 4): hand, ("p", "a", 16): short, ("p", "b", 4): root_only, ("p", "b", 16): hand}
+# ----------------------------------------------------------------------------- token labels
+@pytest.mark.parametrize("text,label", [(" the", "·the"), ("a\nb", "a⏎b"), ("<b>", "&lt;b&gt;"),
+                                        ("abcdefghijkl", "abcdefghi…")])
+def test_node_text(text, label):
+    assert viz.node_text(0, lambda ids: text) == label
 
 
-def test_tree_explorer_controls_drive_the_summary():
-    pytest.importorskip("ipywidgets")
-    ex = viz.TreeExplorer(explorer_results(), decode=decode)
-    c = ex.controls
-    assert list(c["method"].options) == ["a", "b"] and list(c["budget"].options) == [4, 16]
-    assert ex.summary() == viz.round_summary(explorer_results()["p", "a", 4], 0)
-    assert c["round"].max == 3
-    c["round"].value = 3
-    assert ex.summary()["round"] == 3 and "round 4/4" in ex.label.value
-    c["budget"].value = 16  # 2 rounds: the round slider shrinks and clamps
-    assert c["round"].max == 1 and ex.summary() == viz.round_summary(explorer_results()["p", "a", 16], 1)
-    c["method"].value = "b"
-    assert ex.summary()["rounds"] == 4 and ex.result is ex.results["p", "b", 16]
-    c["budget"].value = 4
-    assert ex.summary() == {"round": 0, "rounds": 1, "nodes": 0, "depth": 0, "accepted": 0, "committed": 1}
-    assert "application/vnd.jupyter.widget-view+json" in ex._repr_mimebundle_()
+def test_tree_figure_labels_every_node():
+    rnd = make_round(tree_a(), [0, 1, 4])
+    fig = viz.tree_figure(rnd, decode=decode)
+    for name in ("accepted", "rejected"):
+        t = trace(fig, name)
+        assert t["mode"] == "markers+text"
+        assert list(t["text"]) == [f"t{10 + i}" for i in t["customdata"]]
+    assert list(trace(viz.tree_figure(tree_a()), "nodes")["text"]) == [str(10 + i) for i in range(7)]
+    off = trace(viz.tree_figure(tree_a(), decode=decode, labels=False), "nodes")
+    assert off["mode"] == "markers" and off.get("text") is None
+    big = best_prefix(torch.randn(6, 50).log_softmax(-1), viz.LABEL_LIMIT, root=1)  # LABEL_LIMIT + 1 nodes
+    assert trace(viz.tree_figure(big), "nodes")["mode"] == "markers"
+    rows = int(max(viz.tree_layout(big)[1])) + 1
+    assert viz.tree_figure(big).to_dict()["layout"]["height"] == viz.tree_height(rows) > 360
+    assert viz.tree_figure(chain4()).to_dict()["layout"]["height"] == 360  # one row: the minimum
 
 
-def test_tree_explorer_errors():
-    pytest.importorskip("ipywidgets")
-    with pytest.raises(ValueError, match="at least one result"):
-        viz.TreeExplorer({})
-    empty = Result(prompt_ids=[1], tokens=[], text="", rounds=[])
-    with pytest.raises(ValueError, match="at least one round"):
-        viz.TreeExplorer({("p", "a", 4): empty})
-    partial = {k: v for k, v in explorer_results().items() if k != ("p", "b", 16)}
-    ex = viz.TreeExplorer(partial)
-    ex.controls["method"].value = "b"
-    with pytest.raises(KeyError, match="no result"):  # raised by the redraw the change triggers
-        ex.controls["budget"].value = 16
+# ----------------------------------------------------------------------------- one round, stage by stage
+def test_logp_table():
+    logp = torch.tensor([[0.7, 0.2, 0.1, 0.0], [0.1, 0.1, 0.1, 0.7]]).log()
+    hm = viz.logp_table(logp, decode=decode).to_dict()["data"][0]
+    assert list(hm["x"]) == ["t0", "t1", "t2", "t3"] and list(hm["y"]) == [1, 2]
+    assert hm["z"][1][3] == pytest.approx(0.7)
+    top = viz.logp_table(logp, top=1).to_dict()["data"][0]  # the argmax of some depth: tokens 0 and 3
+    assert list(top["x"]) == ["0", "3"] and top["z"][0] == pytest.approx([0.7, 0.0])
+    with pytest.raises(ValueError, match="depths, vocab"):
+        viz.logp_table(torch.zeros(4))
+
+
+def test_acceptance_table():
+    rows = [{"depth": 1, "drafted": "'a'", "verdict": "✅", "target": "'a'"},
+            {"depth": 1, "drafted": "'b'", "verdict": "❌", "target": "'a'"},
+            {"depth": 2, "drafted": "-", "verdict": "⭐", "target": "'c'"}]
+    table = viz.acceptance_table(rows).to_dict()["data"][0]
+    assert table["type"] == "table"
+    assert list(table["cells"]["values"][2]) == ["✅", "❌", "⭐"]
+    assert list(table["cells"]["values"][3]) == ["'a'", "'a'", "'c'"]
+    assert table["cells"]["fill"]["color"][0][1] != table["cells"]["fill"]["color"][0][0]
+    assert viz.acceptance_table(rows * 10).to_dict()["layout"]["height"] > viz.acceptance_table(rows).to_dict()["layout"]["height"]
+    with pytest.raises(ValueError, match="at least one row"):
+        viz.acceptance_table([])
+
+
+def test_tree_mask_is_the_ancestor_mask_plus_the_prefix():
+    hm = viz.tree_mask(tree_a(), decode=decode, past_len=9).to_dict()["data"][0]
+    assert hm["x"][0] == "prefix (9)" and hm["y"][3] == "3:t13" and len(hm["x"]) == 8
+    z = torch.tensor(hm["z"])
+    assert z[:, 0].all()
+    assert torch.equal(z[:, 1:].bool(), ancestor_mask(tree_a().parents))
+    assert len(viz.tree_mask(tree_a()).to_dict()["data"][0]["x"]) == 7
+    layout = viz.tree_mask(tree_a(), decode=decode).to_dict()["layout"]
+    assert list(layout["yaxis"]["tickvals"]) == [f"{i}:t{10 + i}" for i in range(7)]  # every row labelled
+
+
+def test_verify_cost():
+    fig = viz.verify_cost({1: 0.01, 17: 0.02, 65: 0.05}, draft_s=0.004)
+    verify, draft = trace(fig, "verify"), trace(fig, "draft (one pass)")
+    assert list(verify["x"]) == [1, 17, 65] and list(verify["y"]) == pytest.approx([10, 20, 50])
+    assert list(draft["y"]) == pytest.approx([4, 4])
+    assert [t["name"] for t in viz.verify_cost({1: 0.01}).to_dict()["data"]] == ["verify"]
+    with pytest.raises(ValueError, match="at least one"):
+        viz.verify_cost({})
+
+
+def test_distribution_check():
+    fig = viz.distribution_check([1, 0, 3, 6], [0.1, 0.05, 0.25, 0.6], top=3)
+    obs, exp = trace(fig, "sample-and-match"), trace(fig, "target softmax(logits / T)")
+    assert list(obs["x"]) == ["3", "2", "0"]  # most likely first
+    assert list(obs["y"]) == pytest.approx([0.6, 0.3, 0.1]) and list(exp["y"]) == pytest.approx([0.6, 0.25, 0.1])
+    with pytest.raises(ValueError, match="entries"):
+        viz.distribution_check([1], [0.5, 0.5])
+    with pytest.raises(ValueError, match="one draw"):
+        viz.distribution_check([0, 0], [0.5, 0.5])
+
+
+# ----------------------------------------------------------------------------- reading result rows
+def test_head_to_head_counts_cells_like_a_loop():
+    rows = [{"method": m, "dataset": d, "budget": b, "tau": t} for m, d, b, t in [
+        ("x", "g", 8, 2.0), ("y", "g", 8, 2.5), ("x", "g", 16, 3.0), ("y", "g", 16, 3.0),
+        ("x", "m", 8, 1.9), ("y", "m", 8, 1.5), ("x", "m", 16, 2.0), ("z", "m", 16, 9.0)]]
+    got = viz.head_to_head(rows, "x", "y")
+    assert got["cells"] == 3 and got["at_or_above"] == 2 and got["above"] == 1
+    assert got["gaps"] == pytest.approx({("g", 8): -0.5, ("g", 16): 0.0, ("m", 8): 0.4})
+    ref = sum(1 for a in rows for b in rows if a["method"] == "x" and b["method"] == "y"
+              and (a["dataset"], a["budget"]) == (b["dataset"], b["budget"]) and a["tau"] >= b["tau"])
+    assert ref == got["at_or_above"]
+    with pytest.raises(ValueError, match="no .dataset, budget. cell"):
+        viz.head_to_head(rows, "x", "w")
+    with pytest.raises(ValueError, match="two rows"):
+        viz.head_to_head(rows + rows[:1], "x", "y")

@@ -1,0 +1,128 @@
+"""Training recipes for a JetFlow head on the embedded target, as data, run into the cache folder.
+
+    recipe = RECIPES["quick"]                          # "full": the shipped head's recipe; "smoke": seconds
+    root = recipe_dir(recipe)                          # ~/.cache/jetflow/heads-quick (cache_dir())
+    regen = regenerate(recipe, root, target)           # the target answers the recipe's prompts
+    for i in range(len(recipe.stages)):                # each stage starts from the one before it
+        cfg = stage_config(recipe, root, i)
+        head, history = train(cfg, load_target(cfg.model, dtype=cfg.dtype))
+
+Everything a recipe writes stays in its folder, so running it again resumes: ``regenerate`` skips the
+answers already written and ``train`` continues each stage from its last checkpoint (or returns a
+finished one at once). ``full`` is what ``make heads`` runs for the JetFlow head, in the same folder
+(``~/.cache/jetflow/heads``): 3,030 answers, 2,200 steps from the target's own layers, then 2,000 more
+from that head; ``tests/test_recipes.py`` checks that its commands are the shipped head's provenance.
+``quick`` trains one short stage on 192 answers: about 12 minutes at the shipped runs' pace (2.4 s a
+step), 42 minutes measured on a busy 2-core machine, the held-out simulated tau rising at every
+evaluation, from 1.00 to 1.09 (02's closing note); ``smoke`` runs in seconds on the bundled fixture
+prompts in fp32.
+
+``shipped_histories()`` reads the shipped heads' committed training curves (``history.jsonl``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import data, jsonl
+from .train import TrainConfig
+
+
+@dataclass(frozen=True)
+class Regen:
+    """How the training answers are made (the options of ``python -m jetflow regenerate``)."""
+    n: int                        # training prompts (data.training_prompts: 50% math, 25% code, 25% chat)
+    seed: int = 0
+    batch_size: int = 16
+    max_new_tokens: int = 128     # answers are cut here
+    max_prompt_tokens: int = 256  # longer prompts are skipped
+    dtype: str = "bfloat16"       # the target's dtype while answering
+    data_dir: str | None = None   # the prompts' source (data.data_dir); None: $JETFLOW_DATA_DIR or the hub
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    folder: str                   # under cache_dir(); "" = the caller names the folder (smoke: a temp dir)
+    regen: Regen
+    stages: tuple[tuple[str, dict], ...]  # (output folder, TrainConfig.from_name(preset) overrides)
+    preset: str = "cpu"
+    minutes: int = 0              # rough wall time on 2 CPU cores, one torch thread
+
+    @property
+    def data_file(self) -> str:
+        return f"regen-{self.regen.n}.jsonl"
+
+
+SHIPPED = dict(loss="ce", seqs_per_step=2, anchors_per_seq=64, draft_vocab=8192)  # both shipped stages
+RECIPES = {
+    # the shipped JetFlow head (data/heads/smollm2-135m-jetflow): ~25 + ~75 + ~80 minutes
+    "full": Recipe("full", "heads", Regen(3030), (
+        ("jetflow", dict(SHIPPED, gamma=4.0, gamma_start=0.5, steps=2200)),
+        ("jetflow-more", dict(SHIPPED, gamma=4.0, steps=2000, lr=5e-4, seed=1))), minutes=180),
+    # one short stage whose depth weights stay on the first depths (gamma 0.5 -> 1 over the whole run): with
+    # the shipped curriculum's gamma 4 reached early, 240 steps left the head on the unigram plateau (tau 1.09)
+    "quick": Recipe("quick", "heads-quick", Regen(192, max_new_tokens=96), (
+        ("jetflow", dict(SHIPPED, gamma=1.0, gamma_start=0.5, curriculum=1.0, steps=200, eval_every=40,
+                         save_every=40)),), minutes=12),
+    # seconds: three fixture answers, fp32 so that the run is the same on every machine
+    "smoke": Recipe("smoke", "", Regen(3, batch_size=4, max_new_tokens=48, dtype="float32", data_dir="fixtures"),
+                    (("jetflow", dict(dtype="float32", max_len=320)),), preset="smoke"),  # room for the prompts
+}
+
+
+def recipe_dir(recipe: Recipe) -> Path:
+    """The recipe's folder under the cache folder (``data.cache_dir()``)."""
+    if not recipe.folder:
+        raise ValueError(f"recipe {recipe.name!r} has no folder of its own; pass one to regenerate and stage_config")
+    return data.cache_dir() / recipe.folder
+
+
+def regenerate_command(recipe: Recipe, out: Path) -> str:
+    """The ``python -m jetflow regenerate`` line that makes the same file (paths portable)."""
+    r = recipe.regen
+    args = ["python", "-m", "jetflow", "regenerate", "--n", str(r.n), "--out", data.portable_path(out),
+            "--batch-size", str(r.batch_size), "--max-new-tokens", str(r.max_new_tokens),
+            "--max-prompt-tokens", str(r.max_prompt_tokens), "--seed", str(r.seed)]
+    args += ["--dtype", r.dtype] if r.dtype != "bfloat16" else []
+    args += ["--data-dir", r.data_dir] if r.data_dir else []
+    return data.shell_join(args)
+
+
+def regenerate(recipe: Recipe, root: str | Path, target, *, progress: bool = True) -> Path:
+    """Let ``target`` answer the recipe's training prompts into ``root/regen-N.jsonl`` (resumable), with
+    the ``.meta.json`` beside it that training provenance reads. -> the data file."""
+    r, out = recipe.regen, Path(root) / recipe.data_file
+    if str(target.dtype).removeprefix("torch.") != r.dtype:
+        raise ValueError(f"recipe {recipe.name!r} answers in {r.dtype}; got a {target.dtype} target")
+    prompts = data.training_prompts(r.n, seed=r.seed, data_dir=r.data_dir)
+    data.regenerate(target, prompts, out, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
+                    max_prompt_tokens=r.max_prompt_tokens, progress=progress)
+    out.with_name(out.name + ".meta.json").write_text(json.dumps({"command": regenerate_command(recipe, out)}) + "\n")
+    return out
+
+
+def stage_config(recipe: Recipe, root: str | Path, index: int) -> TrainConfig:
+    """The ``TrainConfig`` of stage ``index`` (0-based), writing to ``root/<stage>``; a later stage
+    starts (``init``) from the head the stage before it wrote, so build it once that one has finished."""
+    if not 0 <= index < len(recipe.stages):
+        raise ValueError(f"recipe {recipe.name!r} has {len(recipe.stages)} stage(s), got index {index}")
+    root = Path(root)
+    name, overrides = recipe.stages[index]
+    init = {"init": str(root / recipe.stages[index - 1][0])} if index else {}
+    return TrainConfig.from_name(recipe.preset, data=str(root / recipe.data_file), out=str(root / name),
+                                 **overrides, **init)
+
+
+def shipped_histories(kinds: tuple[str, ...] = ("jetflow", "dflash")) -> dict[str, list[dict]]:
+    """kind -> the committed training curve of the head shipped for the embedded target (its
+    ``history.jsonl``: one entry per step, ``acc`` / ``sim_tau`` on evaluated steps)."""
+    from .proposers import shipped_head_dir
+    out = {}
+    for kind in kinds:
+        path = shipped_head_dir(kind) / "history.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the shipped {kind} head has no training curve")
+        out[kind] = jsonl.read(path, repair=False)
+    return out

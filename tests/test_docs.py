@@ -1,0 +1,59 @@
+"""The repository's documents: every link and anchor they name exists, code points only at docs that
+exist, and the command line's help lists each subcommand on one line."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from jetflow.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug(line.lstrip("#")) for line in path.read_text().splitlines() if line.startswith("#")}
+
+
+def test_slug():
+    assert slug(" Speed in bf16, with the hardware-aware budget") == "speed-in-bf16-with-the-hardware-aware-budget"
+    assert slug("The paper's setting") == "the-papers-setting"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_and_anchor_exists(doc):
+    for target in LINK.findall(doc.read_text()):
+        if re.match(r"[a-z]+://", target):
+            continue
+        file, _, anchor = target.partition("#")
+        path = (doc.parent / file).resolve() if file else doc
+        assert path.exists(), f"{doc.name} links to missing {target}"
+        if anchor:
+            assert anchor in anchors(path), f"{doc.name} links to missing anchor {target}"
+
+
+def test_code_points_only_at_documents_in_the_repository():
+    for path in sorted((ROOT / "jetflow").glob("*.py")):
+        text = path.read_text()
+        assert not re.search(r"\b(METHOD|FIELD_NOTES|NOTEBOOKS)\.md", text), path.name
+        for doc in re.findall(r"docs/[\w.-]+\.md", text):
+            assert (ROOT / doc).is_file(), f"{path.name} names {doc}"
+
+
+def test_help_lists_every_subcommand_on_one_line(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    parser = build_parser()
+    text = parser.format_help()
+    subs = next(a for a in parser._actions if a.dest == "command")
+    for name in subs.choices:
+        line = next(l for l in text.splitlines() if l.strip().startswith(name + " "))
+        following = text.splitlines()[text.splitlines().index(line) + 1]
+        assert len(line.split(maxsplit=1)) == 2 and not following.startswith(" " * 20), name

@@ -1,0 +1,73 @@
+"""Tests for the committed notebooks as files (nbval runs them; see notebooks/conftest.py):
+
+- nbval skips cells that were never run, so a checked cell (first line ``# NBVAL_CHECK_OUTPUT``) committed
+  without its output would never be compared: every checked cell must be stored executed, without errors
+  or stderr (``make notebooks-refresh`` re-executes them all in smoke mode);
+- a checked cell pins only what is the same on every machine: no timings, no speedups, no bf16 numbers;
+- every notebook starts with ``smoke = jetflow.notebook_setup()`` and opens with a header that links on.
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+CHECK = "# NBVAL_CHECK_OUTPUT"
+# names whose values change with the machine or the load on it ("speedup" is left out: a checked cell may read
+# the committed rows' speedups, which are the same on every machine)
+MACHINE_DEPENDENT = ("tokens_per_s", "decode_s", "prefill_s", "draft_s", "verify_s", "elapsed_s",
+                     "wall_time", "perf_counter", "time.time", "time.monotonic", "bfloat16", "bf16", "fast_dtype")
+
+
+def cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def checked(path: Path) -> list[tuple[int, dict]]:
+    return [(i, c) for i, c in enumerate(cells(path)) if c["cell_type"] == "code" and source(c).startswith(CHECK)]
+
+
+def test_there_are_notebooks_with_checked_cells():
+    assert len(NOTEBOOKS) >= 6 and all(checked(nb) for nb in NOTEBOOKS)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_checked_cells_are_committed_executed(path):
+    unrun = [i for i, c in checked(path) if c.get("execution_count") is None]
+    assert not unrun, f"{path.name}: checked cells {unrun} were committed unexecuted (run make notebooks-refresh)"
+    for i, c in checked(path):
+        kinds = {o["output_type"] for o in c["outputs"]}
+        assert "error" not in kinds, f"{path.name} cell {i} was committed with an error"
+        assert not any(o.get("name") == "stderr" for o in c["outputs"]), f"{path.name} cell {i} has stderr output"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_checked_cells_pin_nothing_machine_dependent(path):
+    for i, c in checked(path):
+        found = [name for name in MACHINE_DEPENDENT if re.search(rf"\b{re.escape(name)}\b", source(c))]
+        assert not found, f"{path.name} cell {i} is checked but prints {found}, which change with the machine"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_first_code_cell_is_notebook_setup(path):
+    first = next(c for c in cells(path) if c["cell_type"] == "code")
+    assert "smoke = jetflow.notebook_setup()" in source(first), f"{path.name}: first code cell is not the setup call"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_header_links_to_notebooks_that_exist(path):
+    header = source(cells(path)[0])
+    links = re.findall(r"\]\(([^)]+\.ipynb)\)", header)
+    assert links, f"{path.name}: the header links to no other notebook"
+    assert all((path.parent / link).is_file() for link in links), f"{path.name}: broken link in {links}"
+
+
+@pytest.mark.parametrize("text, found", [("print(r['tokens_per_s'])", ["tokens_per_s"]), ("x = elapsed_s", ["elapsed_s"]),
+                                         ("dtype=torch.bfloat16", ["bfloat16"]), ("print(r['tau'])", [])])
+def test_machine_dependent_names_are_found(text, found):
+    assert [n for n in MACHINE_DEPENDENT if re.search(rf"\b{re.escape(n)}\b", text)] == found
