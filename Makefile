@@ -33,94 +33,38 @@ notebooks: $(STAMP)
 notebooks-refresh: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) notebooks/refresh.py notebooks/*.ipynb
 
-# The committed CPU results (data/results/cpu-*): greedy, 256 new tokens, first 20 prompts.
-# 1. Replayed tau (fp32): one AR decode per prompt of GSM8K, MATH-500, HumanEval and MT-Bench (cached under
-#    ~/.cache/jetflow/replay, resumable), then every head method x budget x width replayed (~40 min, 1 core).
-# 2. Decoded GSM8K (budgets 16/64) and MATH-500 (budget 16) in fp32, methods interleaved prompt by prompt:
-#    two 1-thread processes side by side (~30 + ~20 min).
-# 3. bf16 speed on GSM8K and MATH-500 with the hardware-aware budget beside every fixed candidate: two 1-thread
-#    processes side by side, one per dataset (~35 min).
-# 4. bf16 training-free baselines (AR, transformers generate, transformers prompt lookup, our lookup) on GSM8K and
-#    MATH-500: two 1-thread processes side by side, one per dataset (~25 min).
-# 5. The README's tables, rewritten from the rows (`python -m jetflow report --write`).
+# The committed CPU results: every folder of data/results is one named entry of the results manifest
+# (jetflow/results.py: its command and its table's renderer); `python -m jetflow results NAME` reproduces one and
+# `python -m jetflow results` lists them all with their commands. Greedy, 256 new tokens, the first 20 prompts,
+# one torch thread per process; the entries of one batch run side by side (two processes), then the README's
+# tables are rewritten from the rows (`python -m jetflow report --write`).
+# - results (~2.5 h): replayed tau (fp32, one AR decode per prompt cached under ~/.cache/jetflow/replay), decoded
+#   GSM8K and MATH-500 in fp32, bf16 speed with the hardware-aware budget beside every fixed candidate, and the
+#   training-free baselines (AR, transformers generate, transformers prompt lookup, our lookup).
+# - table (~6 h): every method at budgets 16-255 on GSM8K, MATH-500, HumanEval and MT-Bench, bf16 (a 256-node
+#   verify costs ~8 AR steps).
+# - merged (beyond the paper, ~2 h): the heads' trees with prompt-lookup branches merged in (jetflow+lookup,
+#   ddtree+lookup) beside plain jetflow and lookup, bf16 and fp32, the auto budget, and their replayed tau.
 # Every bench keeps a journal (DIR/runs.jsonl, not committed): rerunning after an interruption resumes where it
 # stopped; delete the journals to measure afresh.
 # Eager vs compiled target vs llama.cpp on the same GGUF (docs/compiled.md): one 2-thread process, the optional
 # bench extra (llama-cpp-python, built from source), ~40 min on a shared 2-core machine, most of it compiling.
 compiled: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) -m jetflow.speed --out data/results/cpu-compiled
+	$(PY) -m jetflow results cpu-compiled
 
-BENCH := $(PY) -m jetflow bench --limit 20 --max-new-tokens 256
-RESULTS_BUDGETS ?= 16,64
+RUN_GROUP = set -e; for batch in $$($(PY) -m jetflow results --batches $(1)); do \
+	    echo $$batch | tr , '\n' | OMP_NUM_THREADS=1 xargs -P 2 -I NAME $(PY) -m jetflow results NAME; \
+	done; $(PY) -m jetflow report --write
+.PHONY: table merged
 results: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m jetflow replay --datasets gsm8k,math500,humaneval,mt_bench --limit 20 \
-	    --max-new-tokens 256 --budgets 8,16,32,64,128,255 --widths 4,7,10 --out data/results/cpu-replay-tau
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,lookup,jetflow --datasets gsm8k --budgets $(RESULTS_BUDGETS) \
-	    --dtype float32 --out data/results/cpu-gsm8k-fp32-causal & a=$$!; \
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,ddtree,dflash --datasets gsm8k --budgets $(RESULTS_BUDGETS) \
-	    --dtype float32 --out data/results/cpu-gsm8k-fp32-bidir & b=$$!; \
-	wait $$a && wait $$b
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets math500 --budgets 16 \
-	    --dtype float32 --out data/results/cpu-math500-fp32-causal & a=$$!; \
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,ddtree,dflash --datasets math500 --budgets 16 \
-	    --dtype float32 --out data/results/cpu-math500-fp32-bidir & b=$$!; \
-	wait $$a && wait $$b
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets gsm8k --budgets 8,16,32,auto \
-	    --dtype bfloat16 --out data/results/cpu-speed-bf16-gsm8k & a=$$!; \
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow,jetflow-bp --datasets math500 --budgets 8,16,32,auto \
-	    --dtype bfloat16 --out data/results/cpu-speed-bf16-math500 & b=$$!; \
-	wait $$a && wait $$b
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,hf,hf-lookup,lookup --datasets gsm8k --budgets 16 \
-	    --dtype bfloat16 --out data/results/cpu-baselines-bf16-gsm8k & a=$$!; \
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,hf,hf-lookup,lookup --datasets math500 --budgets 16 \
-	    --dtype bfloat16 --out data/results/cpu-baselines-bf16-math500 & b=$$!; \
-	wait $$a && wait $$b
-	$(PY) -m jetflow report --write
+	$(call RUN_GROUP,results)
 
-# The full grid: every method at budgets 16-255 on GSM8K, MATH-500, HumanEval and MT-Bench, bf16, first 20 prompts,
-# 256 new tokens; two 1-thread processes at a time (~1.5 h per dataset and core: a 256-node verify costs ~8 AR steps).
-# Resumable: each bench journals finished prompts, so rerunning `make table` continues where it stopped.
-TABLE_METHODS ?= ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow
-TABLE := $(BENCH) --methods $(TABLE_METHODS) --budgets 16,32,64,128,255 --dtype bfloat16
-.PHONY: table
 table: $(STAMP)
-	OMP_NUM_THREADS=1 $(TABLE) --datasets gsm8k --out data/results/cpu-table-bf16-gsm8k & a=$$!; \
-	OMP_NUM_THREADS=1 $(TABLE) --datasets math500 --out data/results/cpu-table-bf16-math500 & b=$$!; \
-	wait $$a && wait $$b
-	OMP_NUM_THREADS=1 $(TABLE) --datasets humaneval --out data/results/cpu-table-bf16-humaneval & a=$$!; \
-	OMP_NUM_THREADS=1 $(TABLE) --datasets mt_bench --out data/results/cpu-table-bf16-mt_bench & b=$$!; \
-	wait $$a && wait $$b
-	$(PY) -m jetflow report --write
+	$(call RUN_GROUP,table)
 
-# Beyond the paper: the heads' trees with prompt-lookup branches merged in (jetflow+lookup, ddtree+lookup), beside
-# plain jetflow and lookup. GSM8K and MATH-500, first 20 prompts, 256 new tokens, one torch thread per process:
-# bf16 at budgets 16 / 32 (~40 min per dataset), fp32 at budget 16 (every output must equal AR's; ~15 min per
-# dataset), `--budgets 8,16,32,auto` for jetflow+lookup in bf16 (~20 min), then the replayed tau of both and of
-# jetflow-bp+lookup at budgets 8-255 on four datasets (~15 min).
-# Resumable like `results`.
-MERGED := ar,jetflow+lookup,ddtree+lookup
-.PHONY: merged
 merged: $(STAMP)
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,lookup,jetflow,$(MERGED) --budgets 16,32 --dtype bfloat16 \
-	    --datasets gsm8k --out data/results/cpu-merged-bf16-gsm8k & a=$$!; \
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,lookup,jetflow,$(MERGED) --budgets 16,32 --dtype bfloat16 \
-	    --datasets math500 --out data/results/cpu-merged-bf16-math500 & b=$$!; \
-	wait $$a && wait $$b
-	OMP_NUM_THREADS=1 $(BENCH) --methods $(MERGED) --budgets 16 --dtype float32 \
-	    --datasets gsm8k --out data/results/cpu-merged-fp32-gsm8k & a=$$!; \
-	OMP_NUM_THREADS=1 $(BENCH) --methods $(MERGED) --budgets 16 --dtype float32 \
-	    --datasets math500 --out data/results/cpu-merged-fp32-math500 & b=$$!; \
-	wait $$a && wait $$b
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow+lookup --budgets 8,16,32,auto --dtype bfloat16 \
-	    --datasets gsm8k --out data/results/cpu-merged-auto-bf16-gsm8k & a=$$!; \
-	OMP_NUM_THREADS=1 $(BENCH) --methods ar,jetflow+lookup --budgets 8,16,32,auto --dtype bfloat16 \
-	    --datasets math500 --out data/results/cpu-merged-auto-bf16-math500 & b=$$!; \
-	wait $$a && wait $$b
-	OMP_NUM_THREADS=1 $(PY) -m jetflow replay --methods jetflow+lookup,ddtree+lookup,jetflow-bp+lookup --limit 20 \
-	    --datasets gsm8k,math500,humaneval,mt_bench --max-new-tokens 256 --budgets 8,16,32,64,128,255 \
-	    --out data/results/cpu-replay-tau-merged
-	$(PY) -m jetflow report --write
+	$(call RUN_GROUP,merged)
 
 clean:
 	rm -rf $(VENV)

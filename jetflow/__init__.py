@@ -1,7 +1,8 @@
 """jetflow: speculative decoding with a causal parallel draft head and tree drafting.
 
-Dimension legend: B batch, T context tokens, L taps, H hidden, D depth (= block size - 1),
-W width, N tree nodes (root excluded; the budget), V vocabulary.
+Dimension legend (one meaning per letter): B batch, T context tokens, S sequence tokens, L taps,
+H hidden, Q block size (the anchor + D mask slots), D depth (= Q - 1), A anchors, W width, N tree nodes
+(root excluded; the budget), K draft vocabulary, V vocabulary.
 Conventions: tau = mean tokens committed per round including the bonus token; budget = draft
 nodes excluding the root (the target verifies budget + 1 tokens); speedup = decode tokens/s over
 plain autoregressive decoding on the same target, prompts, hardware and dtype, prefill excluded.
@@ -16,8 +17,9 @@ Entry points
   ``Target.forward(ids (T,), cache, positions=(T,), mask=(1,1,T,past+T), taps=(l, ...))``
   -> ``Step(logits (T, V), taps (T, L, H))``; ``Target.encode(prompt) -> (T,)`` via the chat template.
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and the builders
-  ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree) taking
-  per-depth log-probs (D, V); ``merge(first, second, budget)`` (one trie of both);
+  ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree), and beyond the paper
+  ``top2gap``, ``calibrated_prefix`` and ``profile_prefix`` (the last two read an
+  ``AcceptanceProfile``), taking per-depth log-probs (D, V); ``merge(first, second, budget)`` (one trie of both);
   ``ancestor_mask(parents) -> (N+1, N+1)``.
 - ``verify``: ``tree_attention_mask``, ``greedy_accept`` and ``sample_accept``
   (tree, logits (N+1, V)) -> (accepted node path, bonus token).
@@ -27,12 +29,8 @@ Entry points
   checked (root = anchor, parents first, size <= budget, ids in the vocabulary: else a ValueError
   naming the proposer); temperature must be finite and >= 0; the seeded generator lives on the
   target's device.
-- ``make_proposer(method, target, head=None, draft_dtype=None)``: ``ar``, ``lookup``, ``random``, and
-  the head methods ``jetflow`` (causal head + accum_logp), ``dflash`` (bidirectional head + chain),
-  ``ddtree`` (bidirectional head + best_prefix), ``jetflow-bp`` (causal head + best_prefix, an
-  ablation), and ``jetflow+lookup`` / ``ddtree+lookup`` / ``jetflow-bp+lookup`` (the head's tree
-  with prompt-lookup branches merged in, ``LookupMerged``; beyond the paper); heads draft in bf16
-  where that is fast.
+- ``make_proposer(method, target, head=None, draft_dtype=None)``: a proposer for any method of the
+  registry (``jetflow.methods``, listed below; ``ar`` -> None); heads draft in bf16 where that is fast.
 - ``DraftHead`` / ``HeadConfig`` (``jetflow.head``): fused taps -> a few decoder layers with KV
   injection -> the target's frozen ``lm_head`` (optionally only its rows of a K-token draft
   vocabulary, ``head.vocab``); ``draft_logp(...) -> (D, V)``;
@@ -47,13 +45,22 @@ Entry points
   ``jetflow.explorer`` (``TreeExplorer``: draft on demand, two methods side by side, click a node),
   ``jetflow.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
-  ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run: ``python -m jetflow.speed --out DIR``).
+  ``jetflow.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
+  ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
+  ``jetflow.viz_trees`` (its figures), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
+  ``python -m jetflow.speed --out DIR``).
+
+Methods (``jetflow.methods``, in report order):
+{methods}
 """
 from .decode import Result, Round, generate
+from .methods import describe as _describe_methods
 from .notebook import notebook_setup
 from .proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
 from .target import Target, load_target
 from .tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
+
+__doc__ = __doc__.replace("{methods}", _describe_methods())
 
 __all__ = ["Result", "Round", "generate", "LookupProposer", "OracleProposer", "RandomProposer",
            "make_proposer", "Target", "load_target", "Tree", "accum_logp", "ancestor_mask",

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode import _verify, generate
+from . import metrics
+from .decode import generate, verify_step
 from .proposers import make_proposer
 from .target import Target, keep_path
 from .tree import Tree, accum_logp
@@ -43,7 +44,7 @@ def random_tree(size: int, vocab_size: int, gen: torch.Generator, depths: int = 
 def _time_verify(target: Target, cache, tree: Tree, past_len: int) -> float:
     """Seconds for one verify step as the decode loop runs it: forward, accept, cache back to the prefix."""
     t0 = time.perf_counter()
-    _, step = _verify(target, tree, cache, ())
+    _, step = verify_step(target, tree, cache, ())
     greedy_accept(tree, step.logits)  # reads the logits back, which also waits for an accelerator
     keep_path(cache, past_len, [])
     return time.perf_counter() - t0
@@ -141,7 +142,7 @@ def calibrate(target: Target, method: str, prompts: Sequence, budgets: Sequence[
                                    temperature=temperature, seed=i).rounds]
         if not rounds:
             raise ValueError(f"calibration at budget {b} decoded no rounds; raise max_new_tokens")
-        tau[b] = sum(len(r.committed) for r in rounds) / len(rounds)
+        tau[b] = metrics.tau(rounds)
         draft[b] = statistics.median(r.draft_s for r in rounds)
         verify[b] = statistics.median(r.verify_s for r in rounds)
     return Calibration(tau, draft, verify)

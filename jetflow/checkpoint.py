@@ -34,8 +34,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from jetflow.head import DecoderLayer, DraftHead, HeadConfig
-from jetflow.target import tap_layers
+from .head import DecoderLayer, DraftHead, HeadConfig
+from .target import tap_layers
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 CAUSAL_KEYS = ("dflash_config.causal_head", "dflash_config.causal", "is_causal")

@@ -1,6 +1,9 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|report``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|profile|diagnose|speed|report|results``.
 
-Bad input ends with one ``error: ...`` line on stderr and exit status 2, never a traceback.
+The flags of ``regenerate``, ``train``, ``bench`` and ``replay`` are generated from their config
+dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
+names and help come from the method registry. Bad input ends with one ``error: ...`` line on stderr
+and exit status 2, never a traceback.
 """
 from __future__ import annotations
 
@@ -9,8 +12,21 @@ import json
 import os
 import sys
 import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from . import methods as registry
+from .flags import add_flags, command_line, given, option
 
 EXIT_BAD_INPUT = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the one-line contract: a usage error prints ``error: ...`` and exits 2."""
+
+    def error(self, message: str):
+        print(f"error: {self.prog.removeprefix('jetflow ')}: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 def _quiet() -> None:
@@ -25,11 +41,83 @@ def _quiet() -> None:
     hub_logging.set_verbosity_error()
 
 
+def _emit(rows: list[dict], args, module) -> int:
+    """``--out``: rows.json + table.md via ``module.write``; then JSON lines (``--json``) or the table."""
+    if args.out:
+        print(f"wrote {module.write(rows, args.out)}", file=sys.stderr)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        print(module.to_markdown(rows))
+    return 0
+
+
+def _add_output(p) -> None:
+    p.add_argument("--out", default=None, help="write rows.json and table.md here")
+    p.add_argument("--json", action="store_true", help="one JSON row per line")
+
+
+def _add_heads(p) -> None:
+    for kind in registry.HEAD_KINDS:
+        p.add_argument(f"--{kind}-head", default=None, help=f"the {kind} head's directory or hub id "
+                       "(default: the shipped head)")
+
+
+def _heads(args) -> dict[str, str]:
+    return {kind: path for kind in registry.HEAD_KINDS if (path := getattr(args, f"{kind}_head"))}
+
+
+def _check_io(args, cfg) -> None:
+    """Output, prompt and head inputs of bench/replay, checked before any model loads."""
+    from . import checks
+    if args.out:
+        checks.writable_dir(args.out, "--out")
+    checks.prompts_file(cfg.prompts_file)
+    if cfg.prompts_file is None:
+        checks.data_source(cfg.data_dir)
+    for kind in registry.HEAD_KINDS:
+        checks.head_dir(getattr(args, f"{kind}_head"), f"--{kind}-head")
+
+
+# ----------------------------------------------------------------------------- demo and generate
+def cmd_demo(args) -> int:
+    from .demo import DemoConfig, run
+    cfg = DemoConfig(methods=tuple(m for m in args.methods.split(",") if m), budget=args.budget,
+                     max_new_tokens=args.max_new_tokens, prompts=args.prompts, dtype=args.dtype)
+    rows = run(cfg, say=(lambda *a: print(*a, file=sys.stderr)) if args.json else print)
+    for row in rows if args.json else ():
+        print(json.dumps(row))
+    return 0
+
+
+def add_demo(sub) -> None:
+    from .demo import DemoConfig
+    demo = DemoConfig()
+    d = sub.add_parser("demo", help="AR vs the best methods on this CPU (~2 min)",
+                       description="Decode the demo's prompts with AR and the kit's best CPU methods in this "
+                       "machine's fast dtype (interleaved), print text, tau and speedup per method, and check "
+                       "in fp32 that every output is identical to AR's.")
+    d.add_argument("--methods", default=",".join(demo.methods), help="comma list (AR always runs first)")
+    d.add_argument("--budget", type=int, default=demo.budget, help="draft nodes excluding the root")
+    d.add_argument("--max-new-tokens", type=int, default=demo.max_new_tokens, help="per prompt and method")
+    d.add_argument("--prompts", type=int, default=demo.prompts, help="how many of the demo's prompts")
+    d.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="default: bf16 where the CPU computes it natively (AVX-512 BF16, AMX), else fp32")
+    d.add_argument("--json", action="store_true", help="print one JSON row per method (AR first)")
+    d.set_defaults(func=cmd_demo)
+
+
 def _check_generate_args(args) -> None:
     if not args.prompt or not args.prompt.strip():
         raise ValueError("--prompt must not be empty")
-    if args.budget != "auto" and int(args.budget) < 1:
-        raise ValueError(f"--budget must be >= 1, got {args.budget}")
+    if args.budget != "auto":
+        try:
+            budget = int(args.budget)
+        except ValueError:
+            raise ValueError(f"--budget must be an integer or 'auto', got {args.budget!r}") from None
+        if budget < 1:
+            raise ValueError(f"--budget must be >= 1, got {args.budget}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     from .decode import check_temperature
@@ -38,9 +126,7 @@ def _check_generate_args(args) -> None:
 
 def cmd_generate(args) -> int:
     from . import checks
-    from .proposers import METHODS
-    if args.method not in METHODS:
-        raise ValueError(f"unknown method {args.method!r}; choose from {', '.join(METHODS)}")
+    registry.check([args.method], lambda m: m.decodes)
     _check_generate_args(args)
     checks.head_dir(args.head, "--head")
     from .decode import generate
@@ -69,39 +155,11 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    from .demo import DemoConfig, run
-    cfg = DemoConfig(methods=tuple(m for m in args.methods.split(",") if m), budget=args.budget,
-                     max_new_tokens=args.max_new_tokens, prompts=args.prompts, dtype=args.dtype)
-    rows = run(cfg, say=(lambda *a: print(*a, file=sys.stderr)) if args.json else print)
-    for row in rows if args.json else ():
-        print(json.dumps(row))
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jetflow", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-
-    from .demo import DemoConfig
-    demo = DemoConfig()
-    d = sub.add_parser("demo", help="AR vs the best methods on this CPU (~2 min)",
-                       description="Decode the demo's prompts with AR and the kit's best CPU methods in this "
-                       "machine's fast dtype (interleaved), print text, tau and speedup per method, and check "
-                       "in fp32 that every output is identical to AR's.")
-    d.add_argument("--methods", default=",".join(demo.methods), help="comma list (AR always runs first)")
-    d.add_argument("--budget", type=int, default=demo.budget, help="draft nodes excluding the root")
-    d.add_argument("--max-new-tokens", type=int, default=demo.max_new_tokens, help="per prompt and method")
-    d.add_argument("--prompts", type=int, default=demo.prompts, help="how many of the demo's prompts")
-    d.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                   help="default: bf16 where the CPU computes it natively (AVX-512 BF16, AMX), else fp32")
-    d.add_argument("--json", action="store_true", help="print one JSON row per method (AR first)")
-    d.set_defaults(func=cmd_demo)
-
+def add_generate(sub) -> None:
+    decodes = (lambda m: m.decodes)
     g = sub.add_parser("generate", help="generate one answer with a chosen method")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--method", default="ar", help="ar, lookup, jetflow, dflash, ddtree, jetflow-bp, "
-                   "jetflow+lookup, ddtree+lookup or jetflow-bp+lookup")
+    g.add_argument("--method", default="ar", help=registry.help_text(decodes))
     g.add_argument("--budget", default="16", help="draft nodes excluding the root, or 'auto'")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0)
@@ -112,7 +170,247 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object")
     add_compile_flag(g)
     g.set_defaults(func=cmd_generate)
-    for register in _extra_commands():
+
+
+# ----------------------------------------------------------------------------- data and training
+@dataclass(frozen=True)
+class RegenerateConfig:
+    """``python -m jetflow regenerate``: the target answers training prompts (resumable)."""
+    n: int = option(3000, "training prompts to answer")
+    out: str | None = option(None, "the JSONL to append to (default: the jetflow cache's regen-N.jsonl)")
+    batch_size: int = option(16, "prompts per left-padded batch")
+    max_new_tokens: int = option(192, "new tokens per answer")
+    max_prompt_tokens: int = option(512, "longer prompts are skipped")
+    seed: int = option(0, "seed of the prompt draw")
+    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
+    dtype: str = option("bfloat16", "the target's dtype")
+    data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
+
+
+def default_regen_out(cfg: RegenerateConfig) -> Path:
+    """The default output names the model, dtype and n: answers of another target never share a file."""
+    from .data import cache_dir
+    from .target import EMBEDDED
+    model = (cfg.model or EMBEDDED).rstrip("/").replace("/", "--")
+    return cache_dir() / f"regen-{model}-{cfg.dtype}-{cfg.n}.jsonl"
+
+
+def regenerate_command(cfg: RegenerateConfig, out: Path) -> str:
+    """The ``python -m jetflow regenerate`` line that (re)makes ``out`` with these settings."""
+    return command_line(replace(cfg, out=out.name), RegenerateConfig(), ["python", "-m", "jetflow", "regenerate"],
+                        skip=("data_dir",), always=("n", "out", "batch_size", "max_new_tokens", "max_prompt_tokens", "seed"))
+
+
+def cmd_regenerate(args) -> int:
+    from . import checks
+    from .data import regenerate, training_prompts
+    from .target import load_target
+    cfg = RegenerateConfig(**given(args, RegenerateConfig))
+    checks.positive(n=cfg.n, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+                    max_prompt_tokens=cfg.max_prompt_tokens)
+    out = Path(cfg.out) if cfg.out else default_regen_out(cfg)
+    checks.writable_file(out, "--out")
+    checks.data_source(cfg.data_dir)
+    prompts = checks.prompt_source(lambda: training_prompts(cfg.n, seed=cfg.seed, data_dir=cfg.data_dir))
+    target = load_target(cfg.model, dtype=cfg.dtype)
+    regenerate(target, prompts, out, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+               max_prompt_tokens=cfg.max_prompt_tokens, settings={"seed": cfg.seed, "n": cfg.n})
+    meta = out.with_name(out.name + ".meta.json")  # read by training provenance
+    meta.write_text(json.dumps({"command": regenerate_command(cfg, out)}) + "\n")
+    print(out)
+    return 0
+
+
+def add_regenerate(sub) -> None:
+    r = sub.add_parser("regenerate", help="let the target answer training prompts (resumable)")
+    add_flags(r, RegenerateConfig)
+    r.set_defaults(func=cmd_regenerate)
+
+
+def train_config(args):
+    """TrainConfig from parsed ``train`` arguments: the preset, then ``--set``, then the named flags."""
+    from .train import TrainConfig
+    return replace(TrainConfig.from_name(args.preset), **given(args, TrainConfig))
+
+
+def cmd_train(args) -> int:
+    from . import checks
+    from .train import train
+    checks.head_dir(args.init if args.init not in (None, "target", "random") else None, "--init")
+    cfg = train_config(args)
+    checks.writable_dir(cfg.out, "--out")
+    _, history = train(cfg)
+    print(json.dumps({k: history[-1][k] for k in ("step", "loss", "acc", "sim_tau")}))
+    print(Path(cfg.out) / "PROVENANCE.md" if history[-1]["step"] == cfg.steps else Path(cfg.out))
+    return 0
+
+
+def add_train(sub) -> None:
+    from .train import PRESETS, TrainConfig
+    t = sub.add_parser("train", help="train a draft head on regenerated data (rerun to resume)")
+    t.add_argument("--preset", default="cpu", help=" | ".join(PRESETS) + " (default: cpu)")
+    add_flags(t, TrainConfig, set_flag=True)
+    t.set_defaults(func=cmd_train)
+
+
+# ----------------------------------------------------------------------------- measuring
+def cmd_bench(args) -> int:
+    from . import bench, checks
+    from .target import load_target
+    cfg = bench.BenchConfig.from_name(args.preset, **given(args, bench.BenchConfig), heads=_heads(args))
+    _check_io(args, cfg)
+    prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))
+    target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device, chat_kwargs=cfg.chat_template_kwargs,
+                         compile=args.compile)
+    journal = Path(args.out) / "runs.jsonl" if args.out else None
+    rows = bench.run_settings(target, cfg, prompts, progress=not args.json, journal=journal)
+    return _emit(rows, args, bench)
+
+
+def add_bench(sub) -> None:
+    from .bench import PRESETS, BenchConfig
+    b = sub.add_parser("bench", help="tau and speedup tables: methods x datasets x budgets")
+    b.add_argument("--preset", default="cpu", help=" or ".join(PRESETS) + " (default: cpu, the embedded target)")
+    add_flags(b, BenchConfig)
+    _add_heads(b)
+    _add_output(b)
+    add_compile_flag(b)
+    b.set_defaults(func=cmd_bench)
+
+
+def cmd_replay(args) -> int:
+    from . import checks, replay
+    from .bench import prompt_sets
+    from .data import cache_dir
+    from .target import load_target
+    cfg = replay.ReplayConfig(**given(args, replay.ReplayConfig), heads=_heads(args))
+    _check_io(args, cfg)
+    cache = checks.writable_dir(Path(cfg.cache) if cfg.cache else cache_dir() / "replay", "--cache")
+    prompts = checks.prompt_source(lambda: prompt_sets(cfg))
+    target = load_target(cfg.model, dtype="float32")
+    traces = {ds: replay.ar_traces(target, ps, cfg.max_new_tokens, dataset=ds, progress=not args.json,
+                                   cache=cache / f"ar-{target.name.replace('/', '--')}-{ds}.jsonl")
+              for ds, ps in prompts.items()}
+    rows = replay.replay(target, cfg.methods, traces, cfg.budgets, heads=cfg.heads, widths=cfg.widths,
+                         progress=not args.json)
+    return _emit(rows, args, replay)
+
+
+def add_replay(sub) -> None:
+    from .replay import ReplayConfig
+    r = sub.add_parser("replay", help="greedy tau vs budget in seconds: one AR decode, then every tree replayed")
+    add_flags(r, ReplayConfig)
+    _add_heads(r)
+    _add_output(r)
+    r.set_defaults(func=cmd_replay)
+
+
+def cmd_profile(args) -> int:
+    from .profile import ProfileConfig, profile_for_head
+    print(profile_for_head(ProfileConfig(**given(args, ProfileConfig)), progress=not args.quiet))
+    return 0
+
+
+def add_profile(sub) -> None:
+    from .profile import ProfileConfig
+    p = sub.add_parser("profile", help="the causal head's acceptance profile from held-out training prompts")
+    add_flags(p, ProfileConfig)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_profile)
+
+
+def cmd_diagnose(args) -> int:
+    from . import profile
+    from .report import write_rows
+    rows = profile.diagnose(profile.DiagnoseConfig(**given(args, profile.DiagnoseConfig)), progress=not args.json)
+    if args.out:
+        print(f"wrote {write_rows(rows, args.out, profile.diagnosis_markdown)}", file=sys.stderr)
+    print("\n".join(json.dumps(r) for r in rows) if args.json else profile.diagnosis_markdown(rows))
+    return 0
+
+
+def add_diagnose(sub) -> None:
+    from .profile import DiagnoseConfig
+    d = sub.add_parser("diagnose", help="acceptance on and off the argmax spine, and per (depth, rank)")
+    add_flags(d, DiagnoseConfig)
+    _add_output(d)
+    d.set_defaults(func=cmd_diagnose)
+
+
+# ----------------------------------------------------------------------------- results
+def cmd_report(args) -> int:
+    from . import report
+    args.readme, args.results = Path(args.readme or report.README), Path(args.results or report.RESULTS)
+    if args.write:
+        changed = report.update(args.readme, args.results)
+        print(f"rewrote {len(changed)} table(s) in {args.readme}: {', '.join(changed) or 'none changed'}")
+        return 0
+    if args.check:
+        stale = report.check(args.readme, args.results)
+        print(f"stale or missing README tables: {', '.join(stale)} (python -m jetflow report --write)"
+              if stale else f"every README table matches {args.results}")
+        return 1 if stale else 0
+    for name, render in report.TABLES.items():
+        print(f"<!-- table:{name} -->\n{render(args.results)}\n<!-- /table:{name} -->\n")
+    return 0
+
+
+def add_report(sub) -> None:
+    r = sub.add_parser("report", help="the README's result tables, rendered from data/results/*/rows.json")
+    r.add_argument("--results", default=None, help="result folders (default: data/results of this checkout)")
+    r.add_argument("--readme", default=None, help="default: README.md of this checkout")
+    mode = r.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 if a README table differs from the rows")
+    mode.add_argument("--write", action="store_true", help="rewrite the README tables from the rows")
+    r.set_defaults(func=cmd_report)
+
+
+def cmd_results(args) -> int:
+    from . import results
+    if args.batches:
+        print("\n".join(",".join(names) for names in results.batches(args.batches)))
+        return 0
+    if not args.names:
+        print("\n".join(f"{e.name}  [{e.group}]  python -m jetflow {' '.join(results.command(e.name))}"
+                        for e in results.ENTRIES.values()))
+        return 0
+    for name in args.names:
+        if args.render:
+            print(results.render(name))
+        elif main(results.command(name)) != 0:
+            return EXIT_BAD_INPUT
+    return 0
+
+
+def add_results(sub) -> None:
+    r = sub.add_parser("results", help="reproduce committed result folders by name (the results manifest)")
+    r.add_argument("names", nargs="*", help="entries of the manifest (none: list them with their commands)")
+    r.add_argument("--batches", default=None, metavar="GROUP",
+                   help="print a make target's entries (results, table or merged), one batch per line")
+    r.add_argument("--render", action="store_true", help="rewrite table.md from the committed rows.json only")
+    r.set_defaults(func=cmd_results)
+
+
+def add_gpu_check(sub) -> None:
+    from .gpu_check import add_gpu_check as add
+    add(sub)
+
+
+def add_speed(sub) -> None:
+    from . import speed
+    s = sub.add_parser("speed", help="eager vs compiled target vs llama.cpp")
+    speed.add_arguments(s)
+    s.set_defaults(func=speed.run_args)
+
+
+SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_train, add_bench, add_replay, add_profile, add_diagnose,
+               add_speed, add_report, add_results, add_gpu_check]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="jetflow", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for register in SUBCOMMANDS:
         register(sub)
     return p
 
@@ -124,25 +422,10 @@ def add_compile_flag(parser) -> None:
                              "minutes on a CPU; when it pays: docs/compiled.md)")
 
 
-def _extra_commands():
-    """Sub-commands that live beside their module (regenerate/train/bench)."""
-    from . import cli_extra
-    return cli_extra.REGISTER
-
-
-def _validate_budget(args) -> None:
-    if getattr(args, "budget", None) not in (None, "auto"):
-        try:
-            int(args.budget)
-        except ValueError:
-            raise ValueError(f"--budget must be an integer or 'auto', got {args.budget!r}") from None
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     _quiet()
     try:
-        _validate_budget(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)

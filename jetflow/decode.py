@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .metrics import tau
 from .target import Target, check_supported, keep_path
 from .tree import Tree
 from .verify import greedy_accept, sample_accept, tree_attention_mask
@@ -59,7 +60,7 @@ class Result:
     @property
     def tau(self) -> float:
         """Mean tokens committed per round, bonus included (docs/method.md, Vocabulary and conventions)."""
-        return sum(len(r.committed) for r in self.rounds) / max(len(self.rounds), 1)
+        return tau(self.rounds) or 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -128,7 +129,8 @@ def _root_only(anchor: int) -> Tree:
     return Tree.from_lists([anchor], [-1])
 
 
-def _verify(target: Target, tree: Tree, cache, taps: tuple[int, ...]):
+def verify_step(target: Target, tree: Tree, cache, taps: tuple[int, ...]):
+    """One verify forward of ``tree`` after the cached prefix -> (prefix length, Step)."""
     past = cache.get_seq_length()
     mask = None if len(tree) == 1 else tree_attention_mask(tree, past, target.dtype)
     return past, target.forward(tree.tokens, cache, positions=tree.depth + past, mask=mask, taps=taps)
@@ -164,7 +166,7 @@ def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new
             tree = proposer.propose(state, result.prompt_ids + out, new_taps, budget)
             check_tree(tree, out[-1], budget, target.config.vocab_size, proposer)
         t2 = time.perf_counter()
-        past, step = _verify(target, tree, cache, taps)
+        past, step = verify_step(target, tree, cache, taps)
         choice = step.logits.argmax(-1).tolist()  # the target's greedy pick at every node (kept in Round)
         if temperature == 0:
             path, bonus = greedy_accept(tree, step.logits, choice)

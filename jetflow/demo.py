@@ -24,7 +24,9 @@ from tqdm.auto import tqdm
 
 from . import bench, hardware
 from .data import math_prompt
-from .proposers import METHODS
+from .methods import names
+from .metrics import summarize
+from .provenance import environment
 from .target import DTYPES, Target, load_target
 
 PROMPTS = (  # a math word problem in the benchmarks' format, a code edit, another word problem
@@ -54,6 +56,7 @@ class DemoConfig:
     dtype: str | None = None     # None: hardware.fast_dtype() (bf16 where the CPU computes it natively)
 
     def __post_init__(self):
+        METHODS = names(lambda m: m.decodes)  # what generate runs: the registry's methods but hf
         bad = [m for m in self.methods if m not in METHODS or m == "ar"]
         if bad or not self.methods:
             raise ValueError(f"--methods: unknown or empty {bad or list(self.methods)}; choose from "
@@ -84,11 +87,11 @@ def decode_all(target: Target, methods: Sequence[str], prompts: Sequence[str], b
 
     Returns bench rows (one per method, AR first: tau, speedup, identical_to_ar, ...) and the texts,
     ``texts[k][i]`` for configuration k (AR first) on prompt i."""
-    cfgs = bench.configs(target, methods, [budget])
+    cfgs = bench.variants(target, methods, [budget])
     encoded = [target.encode(p) for p in prompts]
     for cfg in cfgs:  # untimed: the first calls of a kernel are slow
         bench.run_config(target, cfg, encoded[0], min(4, max_new_tokens), 0.0, 0)
-    runs: list[list[bench.Run]] = [[] for _ in cfgs]
+    runs: list[list[bench.PromptRun]] = [[] for _ in cfgs]
     bar = tqdm(total=len(cfgs) * len(prompts), desc="decoding", unit="gen", disable=not progress,
                file=sys.stderr)
     for i, ids in enumerate(encoded):
@@ -96,8 +99,8 @@ def decode_all(target: Target, methods: Sequence[str], prompts: Sequence[str], b
             runs[k].append(bench.run_config(target, cfg, ids, max_new_tokens, 0.0, i))
             bar.update()
     bar.close()
-    env = bench.environment(target)
-    rows = [{"method": c.method, "budget": c.budget, **bench.summarize(r, runs[0]), **env}
+    env = environment(target)
+    rows = [{"method": c.method, "budget": c.budget, **summarize(r, runs[0]), **env}
             for c, r in zip(cfgs, runs)]
     return rows, [[target.decode(run.tokens) for run in r] for r in runs]
 

@@ -31,11 +31,16 @@ import transformers
 from .decode import generate
 from .hardware import describe
 from .head import DraftHead, HeadConfig
-from .proposers import (HEAD_METHODS, HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
+from . import methods as registry
+from .profile import Counts
+from .proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
                         RandomProposer, make_proposer)
 from .target import Target, keep_path, load_target
 from .tree import accum_logp
 from .verify import tree_attention_mask
+
+HEAD_METHODS = registry.names(lambda m: m.head is not None and not m.lookup_merged)  # the plain head methods
+NEUTRAL_PROFILE = Counts(15, 8).profile()  # no measurements: each log-prob bin reads as its own probability
 
 # The JetFlow/JetSpec paper (arXiv 2606.18394, "Breaking the Scaling Ceiling of Speculative Decoding with
 # Parallel Tree Drafting"), headline table: Qwen3-8B on an H100, greedy. Copied as data:
@@ -137,8 +142,8 @@ def greedy_checks(s: Settings) -> list[Check]:
     checks = []
     for label, dtype in (("fp32 drafts", torch.float32), ("bf16 drafts", torch.bfloat16)):
         drafting = {causal: head.to(dtype) for causal, head in heads.items()}
-        runs = {m: _fixed(HeadProposer(drafting[kind == "jetflow"], target, builder))
-                for m, (kind, builder) in HEAD_METHODS.items()}
+        runs = {m: _fixed(HeadProposer(drafting[registry.method(m).head == "jetflow"], target,
+                                       registry.method(m).builder, profile=NEUTRAL_PROFILE)) for m in HEAD_METHODS}
         checks.append(_equal_runs(f"greedy == generate, head methods, {label}", target, prompts, refs, runs))
     stubs = {"oracle": lambda ref: OracleProposer(ref, 512),
              "oracle wrong at depth 2": lambda ref: OracleProposer(ref, 512, wrong_at=2, siblings=2),
@@ -253,7 +258,7 @@ def timings(s: Settings) -> dict:
         mask, pos = tree_attention_mask(tree, s.context, target.dtype), tree.depth + s.context
         out["verify"][n] = _time_ms(lambda: step(tree.tokens, mask, pos, taps), s.device, s.reps)
     for method, n in PUBLISHED:
-        proposer = HeadProposer(head, target, HEAD_METHODS[method][1])
+        proposer = HeadProposer(head, target, registry.method(method).builder)
         draft = lambda: proposer.propose(HeadDraftState(base), tokens, new_taps, n - 1)  # noqa: E731
         out["draft"][f"{method}@{n}"] = _time_ms(draft, s.device, s.reps)
     return out

@@ -1,7 +1,7 @@
 """The parallel draft head: fused target taps in, one block of drafts out (docs/method.md, The draft head).
 
 A few Qwen3-style decoder layers of the target's width. Queries come from the block rows
-``[anchor, MASK x (N-1)]`` only; keys/values are the concatenation of k/v projections of the
+``[anchor, MASK x D]`` only; keys/values are the concatenation of k/v projections of the
 *context features* (fused target taps, one row per committed token) and of the block rows
 ("KV injection"). The head owns no embedding and no LM head: the target's frozen ones are passed
 in. ``causal=True`` is JetFlow (slot j sees slots 0..j), ``causal=False`` is DFlash (the whole block).
@@ -10,7 +10,8 @@ The module only holds parameters. Decoding state lives in ``HeadState`` (cached 
 grown by ``DraftHead.extend`` and read by ``draft_logp``. Training uses ``training_mask`` to run
 many blocks of one sequence in a single pass.
 
-Dimensions: B batch, T context rows, L taps, H hidden, Q block rows, N block size, V vocab.
+Dimensions (the package legend): B batch, T context rows, L taps, H hidden, Q block size, D = Q - 1
+depths, A anchors, K draft vocabulary, V vocabulary.
 Checkpoints (the published DFlash/JetSpec layout, its config dialects, loading, ``check_compatible``
 and ``init_from_target``) live in ``jetflow.checkpoint``; ``DraftHead.save_pretrained`` /
 ``from_pretrained`` and the ``HeadConfig`` dict methods delegate there.
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jetflow.target import tap_layers
+from .target import tap_layers
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,10 @@ class HeadConfig:
     rms_norm_eps: float
     rope_theta: float                 # plain RoPE; the head's positions need no target scaling
     vocab_size: int
-    block_size: int = 16              # N: anchor + N-1 draftable depths
+    block_size: int = 16              # Q: anchor + D = Q-1 draftable depths
     target_layer_ids: tuple[int, ...] = ()  # tapped target layers: hidden_states[l + 1]
     num_target_layers: int = 0
-    mask_token_id: int = 0            # embedded into the N-1 slots after the anchor
+    mask_token_id: int = 0            # embedded into the D slots after the anchor
     causal: bool = True               # JetFlow; False = DFlash's bidirectional block
     draft_vocab_size: int = 0         # K > 0: the head drafts only K token ids (buffer ``draft_vocab``,
                                       # read from the training data), scored by those rows of lm_head
@@ -70,7 +71,7 @@ class HeadConfig:
 
         Default ``mask_token_id``: the largest id that is not EOS/BOS/PAD (normally ``vocab_size - 1``),
         chosen without a tokenizer; the head learns its embedding's meaning during training."""
-        from jetflow.checkpoint import read_rope_theta  # checkpoint.py imports this module
+        from .checkpoint import read_rope_theta  # checkpoint.py imports this module
         c = target_config
         heads = c.num_attention_heads
         if mask_token_id is None:
@@ -87,13 +88,13 @@ class HeadConfig:
 
     def to_hf_dict(self) -> dict:
         """The published checkpoint config (``jetflow.checkpoint.to_hf_dict``)."""
-        from jetflow.checkpoint import to_hf_dict
+        from .checkpoint import to_hf_dict
         return to_hf_dict(self)
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "HeadConfig":
         """Read a published config in any dialect (``jetflow.checkpoint.from_hf_dict``)."""
-        from jetflow.checkpoint import from_hf_dict
+        from .checkpoint import from_hf_dict
         return from_hf_dict(d)
 
 
@@ -103,30 +104,28 @@ def _as_list(x) -> list:
 
 # ----------------------------------------------------------------------------- masks and positions
 def block_mask(n_ctx: int, block_size: int, causal: bool, device=None) -> torch.Tensor:
-    """(N, n_ctx + N) bool, True = may attend: one decoding block after ``n_ctx`` context rows."""
-    inner = torch.ones(block_size, block_size, dtype=torch.bool, device=device)
-    if causal:
-        inner = inner.tril()
-    return torch.cat([torch.ones(block_size, n_ctx, dtype=torch.bool, device=device), inner], dim=1)
+    """(Q, n_ctx + Q) bool, True = may attend: one decoding block after ``n_ctx`` context rows, i.e.
+    ``training_mask`` of the one block anchored at ``n_ctx`` (decoding and training share the mask)."""
+    return training_mask(torch.tensor([n_ctx], device=device), n_ctx, block_size, causal)
 
 
 def training_mask(anchors: torch.Tensor, seq_len: int, block_size: int, causal: bool) -> torch.Tensor:
-    """(nb*N, seq_len + nb*N) bool for all blocks of one sequence in one pass.
+    """(A*Q, seq_len + A*Q) bool for all A blocks of one sequence in one pass.
 
     Block b (anchor position ``anchors[b]``) sees context rows strictly before its anchor (the
     anchor's own hidden state does not exist at decode time), its own slots, no other block."""
     nb, n = anchors.numel(), block_size
     rows = torch.arange(nb * n, device=anchors.device)
-    start = anchors.reshape(-1).repeat_interleave(n)                                  # (nb*N,)
-    ctx = torch.arange(seq_len, device=anchors.device)[None] < start[:, None]         # (nb*N, S)
-    inner = (rows[:, None] // n) == (rows[None] // n)                                 # (nb*N, nb*N)
+    start = anchors.reshape(-1).repeat_interleave(n)                                  # (A*Q,)
+    ctx = torch.arange(seq_len, device=anchors.device)[None] < start[:, None]         # (A*Q, S)
+    inner = (rows[:, None] // n) == (rows[None] // n)                                 # (A*Q, A*Q)
     if causal:
         inner &= rows[None] <= rows[:, None]
     return torch.cat([ctx, inner], dim=1)
 
 
 def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
-    """(nb*N,) long: block b slot j sits at position ``anchors[b] + j``."""
+    """(A*Q,) long: block b slot j sits at position ``anchors[b] + j``."""
     return (anchors.reshape(-1, 1) + torch.arange(block_size, device=anchors.device)).reshape(-1)
 
 
@@ -265,37 +264,57 @@ class DraftHead(nn.Module):
             new = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(state.kv, new)]
         return HeadState(new, n_ctx + taps.shape[0])
 
+    # The block pass, one code path for decoding, training and replay: block rows [anchor, MASK x D]
+    # at positions anchor .. anchor + D, each block seeing the context rows before its anchor and itself.
+    def block_inputs(self, anchor_ids: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
+        """anchor_ids (A,) -> block-row embeddings (A, Q, H): each anchor's token, then D mask tokens."""
+        c = self.config
+        ids = torch.full((anchor_ids.numel(), c.block_size), c.mask_token_id, device=embed_weight.device)
+        ids[:, 0] = anchor_ids.to(embed_weight.device)
+        return F.embedding(ids, embed_weight)
+
+    def blocks(self, x: torch.Tensor, anchors: torch.Tensor, ctx_kv, n_ctx: int) -> torch.Tensor:
+        """x (A, Q, H) block rows of the blocks anchored at positions anchors (A,), over the per-layer
+        context K/V of ``n_ctx`` rows -> final states (A, D, H) of slots 1..D (head dtype)."""
+        a, q, device = anchors.numel(), self.config.block_size, self.fc.weight.device
+        anchors = anchors.to(device)
+        mask = training_mask(anchors, n_ctx, q, self.config.causal)[None]               # (1, A*Q, n_ctx+A*Q)
+        hidden = self(x.reshape(1, a * q, -1).to(device, self.dtype), block_positions(anchors, q)[None], ctx_kv, mask)
+        return hidden.view(a, q, -1)[:, 1:]
+
+    @torch.no_grad()
+    def draft_block(self, state: HeadState, anchor_token: int, embed_weight: torch.Tensor) -> torch.Tensor:
+        """Decoding: the block at the next anchor over the cached context -> (D, H)."""
+        x = self.block_inputs(torch.tensor([anchor_token]), embed_weight)
+        return self.blocks(x, torch.tensor([state.n_ctx]), state.kv, state.n_ctx)[0]
+
+    def sequence_blocks(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """Training and replay: every block of one sequence in one pass. taps (S, L, H) of the whole
+        sequence, block rows x (A, Q, H) (``block_inputs``), anchors (A,) -> (A, D, H)."""
+        n = taps.shape[0]
+        ctx_kv = self.context_kv(self.fuse(taps[None]), torch.arange(n, device=taps.device)[None])
+        return self.blocks(x, anchors, ctx_kv, n)
+
     def save_pretrained(self, directory, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (published layout, ``jetflow.checkpoint.save``)."""
-        from jetflow.checkpoint import save
+        from .checkpoint import save
         return save(self, directory, dtype)
 
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str, dtype: torch.dtype = torch.float32) -> "DraftHead":
         """Load a local directory or hub id in any published dialect (``jetflow.checkpoint.load``)."""
-        from jetflow.checkpoint import load
+        from .checkpoint import load
         return load(path_or_hub_id, dtype)
-
-
-@torch.no_grad()
-def draft_hidden(head: DraftHead, state: HeadState, anchor_token: int, embed_weight: torch.Tensor) -> torch.Tensor:
-    """(N-1, H) final hidden states of slots 1..N-1 (head dtype): one pass over ``[anchor, MASK x (N-1)]``."""
-    c, n_ctx, device = head.config, state.n_ctx, head.fc.weight.device
-    ids = torch.tensor([anchor_token] + [c.mask_token_id] * (c.block_size - 1), device=embed_weight.device)
-    x = F.embedding(ids, embed_weight)[None].to(device, head.dtype)                  # (1, N, H)
-    positions = torch.arange(n_ctx, n_ctx + c.block_size, device=device)[None]        # (1, N)
-    mask = block_mask(n_ctx, c.block_size, c.causal, device=device)[None]             # (1, N, n_ctx+N)
-    return head(x, positions, state.kv, mask)[0, 1:]
 
 
 @torch.no_grad()
 def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.Embedding,
                lm_head: nn.Module) -> torch.Tensor:
-    """(N-1, V) float32 log-probs for depths 1..N-1 over the whole vocabulary (-inf outside a reduced
+    """(D, V) float32 log-probs for depths 1..D over the whole vocabulary (-inf outside a reduced
     draft vocabulary). The decode loop's proposers use the faster ``HeadProposer.depth_logp``."""
-    hidden = draft_hidden(head, state, anchor_token, embed.weight)
+    hidden = head.draft_block(state, anchor_token, embed.weight)
     weight = head.output_weight(lm_head.weight)
-    logp = torch.log_softmax(F.linear(hidden.to(weight.dtype), weight).float(), dim=-1)  # (N-1, K)
+    logp = torch.log_softmax(F.linear(hidden.to(weight.dtype), weight).float(), dim=-1)  # (D, K)
     vocab = head.vocab
     if vocab is None:
         return logp

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .head import DraftHead, HeadState, check_compatible, draft_hidden
-from .tree import Tree, accum_logp, merge, tree_builder
+from .checkpoint import check_compatible
+from .head import DraftHead, HeadState
+from .tree import AcceptanceProfile, Tree, accum_logp, merge, tree_builder
 
 
 @dataclass
@@ -118,9 +119,6 @@ class LookupProposer:
         return Tree.from_lists(tok, par)
 
 
-TRAINING_FREE = ("random", "lookup")
-
-
 @dataclass
 class HeadDraftState:
     """Decoding state of a head proposer: the head's cached context K/V (None before the prompt)."""
@@ -145,20 +143,22 @@ class HeadProposer:
     ``jetflow-bp`` (causal head + best prefixes).
 
     The head runs in its own dtype (``head.dtype``); the target's embedding and the lm_head rows of the
-    head's draft vocabulary are copied once into that dtype."""
+    head's draft vocabulary are copied once into that dtype. ``profile`` is the acceptance profile saved
+    beside the head (``jetflow.profile``), for the builders that take one."""
     head: torch.nn.Module
     target: object
     builder: str = "accum_logp"
     width: int = 7
-    _embed: torch.Tensor = field(init=False, repr=False)
-    _out: torch.Tensor = field(init=False, repr=False)
-    _vocab: torch.Tensor | None = field(init=False, repr=False)  # draft columns -> token ids, on CPU
+    profile: AcceptanceProfile | None = None
+    embed: torch.Tensor = field(init=False, repr=False)   # (V, H) the target's embedding, head dtype
+    out: torch.Tensor = field(init=False, repr=False)     # (K, H) its lm_head rows of the draft vocabulary
+    vocab: torch.Tensor | None = field(init=False, repr=False)  # (K,) draft columns -> token ids, on CPU
 
     def __post_init__(self):
         model, dtype = self.target.model, self.head.dtype
-        self._embed = model.get_input_embeddings().weight.detach().to(dtype)
-        self._out = self.head.output_weight(model.get_output_embeddings().weight.detach()).to(dtype).contiguous()
-        self._vocab = None if self.head.vocab is None else self.head.vocab.cpu()
+        self.embed = model.get_input_embeddings().weight.detach().to(dtype)
+        self.out = self.head.output_weight(model.get_output_embeddings().weight.detach()).to(dtype).contiguous()
+        self.vocab = None if self.head.vocab is None else self.head.vocab.cpu()
 
     @property
     def taps(self) -> tuple:
@@ -166,28 +166,29 @@ class HeadProposer:
 
     @property
     def max_drafts(self) -> int | None:
-        """A chain holds at most N-1 drafts; trees grow with the budget (None)."""
+        """A chain holds at most D = Q-1 drafts (block size Q); trees grow with the budget (None)."""
         return self.head.config.block_size - 1 if self.builder == "chain" else None
 
     def start(self, prompt_ids) -> HeadDraftState:
         return HeadDraftState()
 
     def depth_logp(self, state: HeadDraftState, tokens, new_taps) -> torch.Tensor:
-        """(N-1, K) fp32 draft log-probs for depths 1..N-1 after feeding the new taps; column i is
+        """(D, K) fp32 draft log-probs for depths 1..D after feeding the new taps; column i is
         token ``head.vocab[i]`` (token i when the head drafts the whole vocabulary, K = V)."""
         state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))
-        return self.logp(draft_hidden(self.head, state.head, tokens[-1], self._embed))
+        return self.logp(self.head.draft_block(state.head, tokens[-1], self.embed))
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final head states (..., H) -> fp32 log-probs over the draft vocabulary (..., K)."""
-        return torch.log_softmax(F.linear(hidden, self._out).float(), dim=-1)
+        return torch.log_softmax(F.linear(hidden, self.out).float(), dim=-1)
 
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
-        tree = tree_builder(self.builder, self.width)(self.depth_logp(state, tokens, new_taps), budget, tokens[-1])
-        if self._vocab is None:
+        build = tree_builder(self.builder, width=self.width, profile=self.profile)
+        tree = build(self.depth_logp(state, tokens, new_taps), budget, tokens[-1])
+        if self.vocab is None:
             return tree
         ids = tree.tokens.clone()
-        ids[1:] = self._vocab[ids[1:]]  # draft-vocabulary columns -> token ids (the root is the anchor)
+        ids[1:] = self.vocab[ids[1:]]  # draft-vocabulary columns -> token ids (the root is the anchor)
         return dataclasses.replace(tree, tokens=ids)
 
 
@@ -229,16 +230,6 @@ class LookupMerged:
         return self.merged(tokens, self.inner.propose(state, tokens, new_taps, budget), budget)
 
 
-HEAD_METHODS = {"jetflow": ("jetflow", "accum_logp"), "dflash": ("dflash", "chain"),
-                "ddtree": ("dflash", "best_prefix"),
-                "jetflow-bp": ("jetflow", "best_prefix")}  # method -> (shipped head kind, tree builder)
-# jetflow-bp is an ablation beyond the paper: JetFlow's causal head under DDTree's exact best-prefix tree,
-# which tells the head's share of a JetFlow/DDTree gap from the tree builder's.
-LOOKUP_MERGED = {"jetflow+lookup": "jetflow", "ddtree+lookup": "ddtree",  # method -> head method (beyond the paper)
-                 "jetflow-bp+lookup": "jetflow-bp"}
-METHODS = ("ar", "lookup", "random", *HEAD_METHODS, *LOOKUP_MERGED)
-
-
 def shipped_heads_root() -> Path:
     """The folder of the heads shipped for the embedded target: ``$JETFLOW_HEADS_DIR`` if set (e.g. to try
     freshly trained heads), else ``jetflow/heads`` of an installed package (package data), else the
@@ -257,23 +248,23 @@ def shipped_head_dir(kind: str) -> Path:
 
 def make_proposer(method: str, target, *, head: str | None = None, width: int = 7,
                   draft_dtype: torch.dtype | None = None):
-    """Proposer for a method name (``ar`` -> None); head methods load ``head`` (a directory or hub id,
-    default: the head shipped for the embedded target) in ``draft_dtype`` (default:
-    ``default_draft_dtype(target)``)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    if method == "ar":
-        return None
-    if method == "lookup":
-        return LookupProposer()
-    if method == "random":
-        return RandomProposer(target.config.vocab_size)
-    if method in LOOKUP_MERGED:
-        return LookupMerged(make_proposer(LOOKUP_MERGED[method], target, head=head, width=width,
-                                          draft_dtype=draft_dtype))
-    kind, builder = HEAD_METHODS[method]
-    path = head or shipped_head_dir(kind)
+    """Proposer for a registered method (``jetflow.methods``; ``ar`` -> None): a training-free one from
+    its entry, else its head kind's head (``head``: a directory or hub id, default: the head shipped for
+    the embedded target) in ``draft_dtype`` (default: ``default_draft_dtype(target)``) under its tree
+    builder, with the acceptance profile saved beside the head (if any) and lookup branches merged in
+    when the entry says so."""
+    from .methods import method as entry  # the registry imports the proposer classes above
+    m = entry(method)
+    if m.proposer is not None:
+        return m.proposer(target)
+    if m.head is None:
+        if m.decodes:
+            return None  # ar: every tree is the root alone
+        raise ValueError(f"{method!r} runs transformers' own generate; it has no proposer")
+    path = head or shipped_head_dir(m.head)
     draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
     draft = draft.to(target.device)
     check_compatible(draft.config, target.config)
-    return HeadProposer(draft, target, builder, width)
+    from .profile import load_profile
+    proposer = HeadProposer(draft, target, m.builder, width, load_profile(path))
+    return LookupMerged(proposer) if m.lookup_merged else proposer

@@ -22,23 +22,57 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import jsonl
-from .bench import depth_accept, environment, tau, tau_hist, verify_tokens
-from .bench import write as bench_write
+from . import methods as registry
+from .bench import BENCHMARKS
+from .data import DATASETS
 from .decode import Round, generate
-from .proposers import HEAD_METHODS, LOOKUP_MERGED, HeadProposer, LookupMerged, make_proposer
-from .train import BlockForward, target_pass
-from .tree import Tree, tree_builder
+from .flags import comma_list, option
+from .metrics import round_stats
+from .proposers import HeadProposer, LookupMerged, make_proposer
+from .provenance import environment
+from .report import REPLAY_NOTE, write_rows
+from .report import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
+from .tree import BUILDERS, Tree, tree_builder
 from .verify import greedy_accept
 
-REPLAY_NOTE = "replay: greedy rounds walked over one AR decode per prompt (tau only, no timing)"
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One replay: head methods x budgets (x widths) over the AR answers of these prompts. Fields with
+    ``option`` metadata are the ``replay`` subcommand's flags."""
+    methods: tuple[str, ...] = option(("jetflow", "ddtree", "dflash", "jetflow-bp"), "head methods, comma list: "
+                                      + ",".join(registry.names(lambda m: m.head is not None)))
+    datasets: tuple[str, ...] = option(BENCHMARKS, "comma list: " + ",".join(DATASETS))
+    budgets: tuple[int, ...] = option((16, 32, 64, 128, 255), "comma list")
+    widths: tuple[int, ...] = option((7,), "widths W to try for the builders that take one (accum_logp, top2gap), "
+                                     "comma list")
+    limit: int | None = option(5, "first N prompts of each dataset")
+    max_new_tokens: int = option(128, "new tokens of each AR answer")
+    prompts_file: str | None = option(None, 'JSONL of {"id", "prompt"} per line (instead of --datasets)')
+    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
+    data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
+    cache: str | None = option(None, "folder for the AR answers (resumable; default: the jetflow cache)")
+    heads: dict = field(default_factory=dict)  # head kind -> directory or hub id; empty: the shipped heads
+
+    def __post_init__(self):
+        for name in ("methods", "datasets", "budgets", "widths"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, comma_list(value) if isinstance(value, str) else tuple(value))
+        for name in ("budgets", "widths"):
+            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+        if self.prompts_file is None and any(d not in DATASETS for d in self.datasets):
+            raise ValueError(f"unknown dataset(s) {[d for d in self.datasets if d not in DATASETS]}; "
+                             f"choose from {', '.join(DATASETS)}")
+        if self.limit is not None and self.limit < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"limit and max_new_tokens must be >= 1, got {self.limit} and {self.max_new_tokens}")
 
 
 @dataclass
@@ -99,23 +133,19 @@ def draft_table(proposer: HeadProposer, trace: Trace, k: int = 256, chunk: int =
     and with the same embedding and lm_head rows as ``HeadProposer.depth_logp``."""
     head, target = proposer.head, proposer.target
     ids = torch.tensor(trace.prompt_ids + trace.tokens)
-    n = head.config.block_size
-    _, taps = target_pass(target, ids.to(target.device), proposer.taps, logits=False)
+    _, taps = target.sequence_taps(ids.to(target.device), proposer.taps, logits=False)
     taps = taps.to(head.fc.weight.device)
     anchors = torch.arange(len(trace.prompt_ids), ids.numel() - 1)
-    blocks, logps, cols = BlockForward(head), [], []
+    logps, cols, depths = [], [], head.config.block_size - 1
     for part in anchors.split(chunk):
-        block_ids = torch.full((part.numel(), n), head.config.mask_token_id)
-        block_ids[:, 0] = ids[part]
-        x = F.embedding(block_ids.view(-1).to(proposer._embed.device), proposer._embed)
-        hidden = blocks(taps, x.to(taps.device), part.to(taps.device))                 # (a, D, H)
+        hidden = head.sequence_blocks(taps, head.block_inputs(ids[part], proposer.embed), part)  # (a, D, H)
         logp = proposer.logp(hidden)                                                    # (a, D, K)
         top, col = logp.topk(min(k, logp.shape[-1]), dim=-1)
         logps.append(top.cpu())
         cols.append(col.cpu())
-    col = torch.cat(cols) if cols else torch.zeros(0, n - 1, k, dtype=torch.long)
-    logp = torch.cat(logps) if logps else torch.zeros(0, n - 1, k)
-    return DraftTable(logp, col if proposer._vocab is None else proposer._vocab[col])
+    col = torch.cat(cols) if cols else torch.zeros(0, depths, k, dtype=torch.long)
+    logp = torch.cat(logps) if logps else torch.zeros(0, depths, k)
+    return DraftTable(logp, col if proposer.vocab is None else proposer.vocab[col])
 
 
 def walk(table: DraftTable, trace: Trace, build: Callable, budget: int, eos_ids,
@@ -148,58 +178,42 @@ def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Seque
     are tried for ``accum_logp`` (JetFlow). ``heads`` maps a head kind to its path (default: shipped).
     The head runs in ``draft_dtype``: fp32 by default, where replayed rounds equal decoded ones
     exactly (a bf16 head, as ``generate`` uses on this CPU, moves tau by about a hundredth)."""
-    unknown = [m for m in methods if m not in HEAD_METHODS and m not in LOOKUP_MERGED]
-    if unknown:
-        raise ValueError(f"replay covers the head methods {', '.join([*HEAD_METHODS, *LOOKUP_MERGED])}; "
-                         f"got {unknown}")
+    registry.check(methods, lambda m: m.head is not None, "head method")
     if not widths or any(w < 1 for w in widths):
         raise ValueError(f"widths must be >= 1, got {list(widths)}")
     if not budgets or any(b < 1 for b in budgets):
         raise ValueError(f"budgets must be >= 1, got {list(budgets)}")
     rows, env = [], environment(target)
-    spec = {m: HEAD_METHODS[LOOKUP_MERGED.get(m, m)] for m in methods}  # method -> (head kind, builder)
-    kinds = dict.fromkeys(kind for kind, _ in spec.values())
+    setup = {"draft_dtype": str(draft_dtype).removeprefix("torch."), "note": REPLAY_NOTE, **env}
     k = max(max(budgets), max(widths))
-    for kind in kinds:
-        first = next(m for m in methods if spec[m][0] == kind)
-        proposer = make_proposer(LOOKUP_MERGED.get(first, first), target, head=(heads or {}).get(kind),
-                                 draft_dtype=draft_dtype)
+    for kind in dict.fromkeys(registry.method(m).head for m in methods):
+        mine = [m for m in methods if registry.method(m).head == kind]
+        proposer = make_proposer(mine[0], target, head=(heads or {}).get(kind), draft_dtype=draft_dtype)
+        proposer = getattr(proposer, "inner", proposer)  # the head's own proposer, lookup merged or not
         for ds, traces in traces_by_dataset.items():
             tables = [draft_table(proposer, t, k) for t in
                       tqdm(traces, desc=f"draft {kind} {ds}", disable=not progress, leave=False)]
-            for m in (m for m in methods if spec[m][0] == kind):
-                builder = spec[m][1]
-                lookup = LookupMerged(proposer) if m in LOOKUP_MERGED else None
-                for w in (widths if builder == "accum_logp" else (None,)):
-                    build = tree_builder(builder, w or 7)
-                    for b in budgets:
-                        rounds = [r for t, tab in zip(traces, tables)
-                                  for r in walk(tab, t, build, b, target.eos_ids, lookup)]
-                        rows.append({"method": m, "dataset": ds, "budget": b, "width": w, "builder": builder,
-                                     "n_prompts": len(traces), "new_tokens": sum(len(t.tokens) for t in traces),
-                                     "tau": tau(rounds), "tau_hist": tau_hist(rounds),
-                                     "depth_accept": depth_accept(rounds), "verify_tokens": verify_tokens(rounds),
-                                     "draft_dtype": str(draft_dtype).removeprefix("torch."), "note": REPLAY_NOTE, **env})
+            rows += [row | setup for m in mine
+                     for row in method_rows(m, ds, traces, tables, budgets, widths, target.eos_ids, proposer)]
     return rows
 
 
-def to_markdown(rows: Sequence[dict]) -> str:
-    """tau table: one line per method (and width) x dataset, one column per budget."""
-    budgets = sorted({r["budget"] for r in rows})
-    lines = ["| method | width | dataset | " + " | ".join(f"B={b}" for b in budgets) + " |",
-             "|---|---|---|" + "---|" * len(budgets)]
-    cells: dict[tuple, dict[int, float]] = {}
-    for r in rows:
-        cells.setdefault((r["method"], r["width"], r["dataset"]), {})[r["budget"]] = r["tau"]
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    for (m, w, ds), by_b in sorted(cells.items(), key=lambda kv: datasets.index(kv[0][2])):
-        lines.append(f"| {m} | {w or '-'} | {ds} | " +
-                     " | ".join(f"{by_b[b]:.2f}" if by_b.get(b) is not None else "-" for b in budgets) + " |")
-    lines.append("\ntau = mean tokens committed per round including the bonus token; budget = draft nodes "
-                 "excluding the root; " + REPLAY_NOTE)
-    return "\n".join(lines) + "\n"
+def method_rows(method: str, dataset: str, traces: Sequence[Trace], tables: Sequence[DraftTable],
+                budgets: Sequence[int], widths: Sequence[int], eos_ids, proposer: HeadProposer) -> list[dict]:
+    """One head method's rows on one dataset: every width its builder takes x every budget (no timing)."""
+    entry = registry.method(method)
+    lookup = LookupMerged(proposer) if entry.lookup_merged else None
+    rows = []
+    for w in (widths if "width" in BUILDERS[entry.builder].options else (None,)):
+        build = tree_builder(entry.builder, width=w, profile=proposer.profile)
+        for b in budgets:
+            rounds = [r for t, tab in zip(traces, tables) for r in walk(tab, t, build, b, eos_ids, lookup)]
+            rows.append({"method": method, "dataset": dataset, "budget": b, "width": w, "builder": entry.builder,
+                         "n_prompts": len(traces), "new_tokens": sum(len(t.tokens) for t in traces),
+                         **round_stats(rounds)})
+    return rows
 
 
 def write(rows: Sequence[dict], out_dir: str | Path) -> Path:
     """``rows.json`` and the tau table (``table.md``) under ``out_dir``."""
-    return bench_write(rows, out_dir, to_markdown)
+    return write_rows(rows, out_dir, to_markdown)

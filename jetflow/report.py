@@ -14,18 +14,22 @@ Cells: **tau / speedup (outputs identical to AR / prompts)**; tau alone for repl
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .bench import CHAIN_NOTE
+from .methods import names
+from .metrics import predicted_speedups
 
 ROOT = Path(__file__).resolve().parent.parent
 README, RESULTS = ROOT / "README.md", ROOT / "data" / "results"
 DATASET_NAMES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mt_bench": "MT-Bench",
                  "mbpp": "MBPP", "spec_bench": "Spec-Bench"}
-METHOD_ORDER = ("ar", "hf", "hf-lookup", "lookup", "dflash", "ddtree", "jetflow", "jetflow-bp", "ddtree+lookup",
-                "jetflow+lookup", "jetflow-bp+lookup")
+METHOD_ORDER = names()  # the registry's order
+HF_NOTE = "transformers generate: prefill not separable, decode_s is the total time"
+CHAIN_NOTE = "its trees stop growing below this budget: the same runs as budget {}"
+REPLAY_NOTE = "replay: greedy rounds walked over one AR decode per prompt (tau only, no timing)"
 
 
 def load(results: Path, *names: str) -> list[dict]:
@@ -94,6 +98,22 @@ def replay_tau(results: Path, name: str = "cpu-replay-tau",
     return _md(["dataset", "method", *(f"B={b}" for b in budgets)], body)
 
 
+def trees_vs_ddtree(results: Path, name: str = "cpu-replay-trees", baseline: str = "ddtree") -> str:
+    """Replayed tau of every causal-head builder beside DDTree's, one line per dataset and budget, and the
+    best causal-head tau over DDTree's (JetFlow at width 7, the builders that take a width too)."""
+    rows = [r for r in load(results, name) if r.get("width") in (None, 7)]
+    methods = [m for m in _methods(rows) if m != baseline]
+    body = []
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        for b in sorted({r["budget"] for r in rows}):
+            tau = {r["method"]: r["tau"] for r in rows if r["dataset"] == ds and r["budget"] == b}
+            best = max(methods, key=lambda m: tau.get(m, 0.0))
+            ratio = f"{tau[best] / tau[baseline]:.3f}x ({best})" if baseline in tau else "-"
+            body.append([DATASET_NAMES.get(ds, ds), str(b), f"{tau[baseline]:.2f}" if baseline in tau else "-",
+                         *(f"{tau[m]:.2f}" if m in tau else "-" for m in methods), ratio])
+    return _md(["dataset", "budget", baseline, *methods, f"best / {baseline}"], body)
+
+
 def decoded(results: Path, names: Sequence[str], dataset: str) -> str:
     """Decoded tau / speedup per method and budget from side-by-side runs (each with its own AR)."""
     runs = [load(results, n) for n in names]
@@ -111,7 +131,6 @@ def decoded(results: Path, names: Sequence[str], dataset: str) -> str:
 
 def speed_auto(results: Path, names: Sequence[str]) -> str:
     """bf16 speed at fixed budgets with the ``--budgets ...,auto`` pick marked and its prediction."""
-    from .bench import predicted_speedups
     rows = load(results, *names)
     for row, ratio in zip(rows, predicted_speedups(rows)):
         row["predicted_speedup"] = ratio
@@ -167,11 +186,14 @@ def grid(results: Path, names: Sequence[str]) -> str:
     return _md(["dataset", "method", *(f"budget {b}" for b in budgets)], body) + "\n\n" + _ar_line(rows)
 
 
-_REUSED = re.compile(re.escape(CHAIN_NOTE).replace(re.escape("{}"), r"(\d+)"))  # bench's note on a repeated budget
+_REUSED = re.compile(re.escape(CHAIN_NOTE).replace(re.escape("{}"), r"(\d+)"))  # the note of older rows
 
 
 def _reused(row: Mapping | None) -> int | None:
-    """The budget whose runs a row repeats (its trees stop growing before its own budget), else None."""
+    """The budget whose runs a row repeats (its trees stop growing before its own budget), else None:
+    the row's ``same_as_budget``, or in rows written before that field, the budget its note names."""
+    if row and "same_as_budget" in row:
+        return row["same_as_budget"]
     found = _REUSED.fullmatch((row or {}).get("note", ""))
     return int(found.group(1)) if found else None
 
@@ -245,6 +267,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
                                                   ("jetflow+lookup", "ddtree+lookup", "jetflow-bp+lookup")),
     "headline": headline,
     "cli-help": lambda res: cli_help(),
+    "replay-trees": trees_vs_ddtree,
 }
 
 
@@ -252,7 +275,7 @@ DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout)
     "README.md": ("headline",),
     "docs/cli.md": ("cli-help",),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
-                        "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged"),
+                        "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees"),
 }
 
 
@@ -303,3 +326,65 @@ def update(readme: str | Path = README, results: str | Path = RESULTS) -> list[s
     """Rewrite every table of every document beside ``readme``; returns ``DOCUMENT:NAME`` of those that changed."""
     root = Path(readme).parent
     return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in update_file(root / doc, names, results)]
+
+
+CONVENTIONS = ("tau = mean tokens committed per round including the bonus token; budget = draft nodes "
+               "excluding the root; speedup = decode tokens/s over AR in the same run, prefill excluded")
+
+
+# ----------------------------------------------------------------------------- a result folder's table.md
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def bench_markdown(rows: Sequence[dict]) -> str:
+    """A markdown table of the rows, the tau/budget/speedup conventions above it, the setup below."""
+    predicted = any("predicted_tokens_per_s" in r for r in rows)
+    head = ["method", "dataset", "budget", "n", "new tokens", "tau", "verify tokens", "prefill s", "decode s",
+            "tokens/s", *(["predicted tokens/s"] if predicted else []), "speedup",
+            *(["predicted speedup"] if predicted else []), "identical to AR"]
+    lines = [CONVENTIONS + ".", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r, ratio in zip(rows, predicted_speedups(rows)):
+        cells = [r["method"], r["dataset"], _fmt(r["budget"]), _fmt(r["n_prompts"]), _fmt(r["new_tokens"]),
+                 _fmt(r["tau"]), _fmt(r["verify_tokens"], 1), _fmt(r["prefill_s"]), _fmt(r["decode_s"]),
+                 _fmt(r["tokens_per_s"], 1), *([_fmt(r.get("predicted_tokens_per_s"), 1)] if predicted else []),
+                 _fmt(r["speedup"]) + ("x" if r["speedup"] is not None else ""),
+                 *([_fmt(ratio) + ("x" if ratio is not None else "")] if predicted else []),
+                 f"{r['identical_to_ar']}/{r['n_prompts']}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if rows:
+        r = rows[0]
+        lines += ["", f"{r['dtype']} on {r['device']} ({r['hardware']}); torch {r['torch']}, "
+                      f"transformers {r['transformers']}."]
+    notes = sorted({f"{r['method']}: {r['note']}" for r in rows if r.get("note")})
+    lines += [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def write_rows(rows: Sequence[dict], out_dir: str | os.PathLike, markdown=None) -> Path:
+    """Write ``rows.json`` (the list of rows) and ``table.md`` (``markdown(rows)``, default ``bench_markdown``)
+    under ``out_dir``; returns the folder."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rows.json").write_text(json.dumps(list(rows), indent=2) + "\n")
+    (out / "table.md").write_text((markdown or bench_markdown)(rows))
+    return out
+
+
+def replay_markdown(rows: Sequence[dict]) -> str:
+    """tau table: one line per method (and width) x dataset, one column per budget."""
+    budgets = sorted({r["budget"] for r in rows})
+    lines = ["| method | width | dataset | " + " | ".join(f"B={b}" for b in budgets) + " |",
+             "|---|---|---|" + "---|" * len(budgets)]
+    cells: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        cells.setdefault((r["method"], r["width"], r["dataset"]), {})[r["budget"]] = r["tau"]
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    for (m, w, ds), by_b in sorted(cells.items(), key=lambda kv: datasets.index(kv[0][2])):
+        lines.append(f"| {m} | {w or '-'} | {ds} | " +
+                     " | ".join(f"{by_b[b]:.2f}" if by_b.get(b) is not None else "-" for b in budgets) + " |")
+    lines.append("\ntau = mean tokens committed per round including the bonus token; budget = draft nodes "
+                 "excluding the root; " + REPLAY_NOTE)
+    return "\n".join(lines) + "\n"

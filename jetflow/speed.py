@@ -1,6 +1,6 @@
 """Eager against compiled on this machine, beside llama.cpp: the rows of ``data/results/cpu-compiled``.
 
-    python -m jetflow.speed --out data/results/cpu-compiled      # one process, 2 threads (~40 min)
+    python -m jetflow results cpu-compiled    # = python -m jetflow speed --out data/results/cpu-compiled (~40 min)
 
 One process measures, interleaved so that a shared machine's load hits every path alike (medians
 over repeats): the compile seconds of every graph; the verify-cost curve (1, 9, 17, 33, 65 tokens,
@@ -26,7 +26,8 @@ from .bench import write
 from .budget import measure_verify_cost
 from .compiled import QUERY_SIZES, CompileConfig, compile_target
 from .decode import generate
-from .proposers import METHODS, make_proposer
+from . import methods as registry
+from .proposers import make_proposer
 from .target import Target, embedded_gguf, load_target
 
 KINDS = ("setup", "compile", "verify", "decode", "exactness", "ar-agreement")
@@ -47,14 +48,15 @@ class SpeedConfig:
     repeats: int = 2                               # timed decodes of every prompt and configuration
     cache_len: int = 512                           # the compiled target's static cache (attention spans it all)
     llama_cpp: bool = True
-    exact_methods: tuple[str, ...] = tuple(m for m in METHODS if m != "ar")  # checked against compiled AR
+    exact_methods: tuple[str, ...] = registry.names(lambda m: m.decodes and m.name != "ar")  # vs compiled AR
 
     def __post_init__(self):
         if self.threads < 1 or self.limit < 1 or self.repeats < 1 or self.verify_repeats < 1:
             raise ValueError("threads, limit, repeats and verify_repeats must be >= 1")
         if 1 not in self.verify_sizes:
             raise ValueError("verify_sizes must include 1 (the AR step every cost is relative to)")
-        unknown = [m for m in self.methods if m not in METHODS or m == "ar"]
+        decoding = registry.names(lambda m: m.decodes and m.name != "ar")
+        unknown = [m for m in (*self.methods, *self.exact_methods) if m not in decoding]
         if unknown:
             raise ValueError(f"unknown or AR methods {unknown}; AR is always measured")
 
@@ -259,21 +261,33 @@ def to_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jetflow.speed", description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
+    """The flags of ``python -m jetflow speed`` (and ``python -m jetflow.speed``)."""
     parser.add_argument("--out", required=True, help="folder for rows.json and table.md")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default=SpeedConfig.dtype)
+    parser.add_argument("--threads", type=int, default=SpeedConfig.threads)
     parser.add_argument("--limit", type=int, default=SpeedConfig.limit)
     parser.add_argument("--max-new-tokens", type=int, default=SpeedConfig.max_new_tokens)
     parser.add_argument("--repeats", type=int, default=SpeedConfig.repeats)
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp (no bench extra)")
-    args = parser.parse_args(argv)
-    cfg = SpeedConfig(dtype=args.dtype, threads=args.threads, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                      repeats=args.repeats, llama_cpp=not args.no_llama_cpp)
-    rows = measure(cfg)
+
+
+def config_of(args) -> SpeedConfig:
+    return SpeedConfig(dtype=args.dtype, threads=args.threads, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                       repeats=args.repeats, llama_cpp=not args.no_llama_cpp)
+
+
+def run_args(args) -> int:
+    rows = measure(config_of(args))
     print(to_markdown(rows))
     write(rows, args.out, to_markdown)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jetflow.speed", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run_args(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

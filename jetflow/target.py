@@ -115,6 +115,19 @@ class Target:
         tapped = torch.stack([out.hidden_states[l + 1][0] for l in taps], dim=1) if taps else None
         return Step(out.logits[0].float(), tapped)
 
+    def sequence_taps(self, ids: torch.Tensor, taps: tuple[int, ...], logits: bool = True
+                      ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """One teacher-forced pass over a whole sequence (S,) (training and replay): logits (S, V) fp32
+        (None when ``logits`` is False: the decoder alone runs, skipping the lm_head) and taps (S, L, H),
+        on ids' device."""
+        if logits:
+            step = self.forward(ids, self.new_cache(), taps=taps)
+            return step.logits.to(ids.device), step.taps.to(ids.device)
+        with torch.no_grad():
+            out = self.model.get_decoder()(input_ids=ids[None].to(self.device), use_cache=False,
+                                           output_hidden_states=True)
+        return None, torch.stack([out.hidden_states[l + 1][0] for l in taps], dim=1).to(ids.device)
+
 
 @functools.lru_cache(maxsize=None)
 def _cache_argument(model_class) -> str:

@@ -5,9 +5,9 @@
                                 #       provenance.json, PROVENANCE.md; rerunning resumes exactly
 
 Per sequence ids (S,) = prompt + regenerated response: one frozen target forward gives the taps
-(S, L, H) and the teacher logits (S, V); nb random anchors inside the response each open a block
-``[anchor, MASK x (N-1)]``; the head runs all blocks in one pass under ``training_mask``, and the
-target's frozen lm_head turns slots 1..D (D = N-1) into logits (nb, D, V). Slot k of the block at
+(S, L, H) and the teacher logits (S, V); A random anchors inside the response each open a block
+``[anchor, MASK x D]``; the head runs all blocks in one pass under ``training_mask``, and the
+target's frozen lm_head turns slots 1..D (D = Q-1, Q the block size) into logits (A, D, V). Slot k of the block at
 anchor a predicts token a+k (teacher: target logits at a+k-1); slots past the end are masked; depth k
 weighs exp(-(k-1)/gamma) (gamma 0 = uniform).
 
@@ -32,10 +32,9 @@ import itertools
 import json
 import math
 import shutil
-import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -44,48 +43,58 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from jetflow import jsonl
-from jetflow.data import load_regenerated, portable_path, shell_join
-from jetflow.head import DraftHead, HeadConfig, block_positions, init_from_target, training_mask
-from jetflow.target import DTYPES, load_target
-
-TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
-            "of the argmax at every depth (budget N-1 draft nodes, root excluded)")
-
+from . import jsonl
+from .data import load_regenerated, portable_path, shell_join
+from .flags import command_args, option
+from .checkpoint import init_from_target
+from .head import DraftHead, HeadConfig
+from .metrics import simulated_tau
+from .objective import curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets
+from .provenance import write_provenance
+from .target import DTYPES, load_target
 
 BUILTIN_INITS = ("target", "random")  # any other ``init`` names a trained head's directory (warm start)
 
 
+def _init_path(text: str) -> str:
+    """``--init``: a built-in init as given, a head directory made absolute (the command must work anywhere)."""
+    return text if text in BUILTIN_INITS else str(Path(text).resolve())
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    data: str = ""                # regenerated JSONL (python -m jetflow regenerate)
-    out: str = ""                 # output dir: checkpoint, history, head, provenance
-    model: str | None = None      # target: None = the embedded SmolLM2-135M-Instruct
-    dtype: str = "bfloat16"       # frozen target forward only; head params and AdamW stay fp32
-    causal: bool = True           # JetFlow; False = DFlash's bidirectional block
-    num_layers: int = 2           # draft decoder layers (= taps)
-    block_size: int = 16          # N: anchor + 15 draftable depths
-    gamma: float = 0.0            # depth weights exp(-(k-1)/gamma); 0 = uniform (JetFlow), DFlash uses 7
-    gamma_start: float | None = None  # depth curriculum: weights start at this gamma (e.g. 0.5: depth 1
-                                  # dominates) and move linearly to ``gamma``'s over ``curriculum`` x steps
-    curriculum: float = 0.5       # fraction of the steps the curriculum takes (with gamma_start only)
-    loss: str = "kl"              # "kl": forward KL to the target's distribution; "ce": regenerated tokens
-    anchors_per_seq: int = 512    # random anchors inside each response (paper: up to 512)
-    seqs_per_step: int = 16       # sequences per optimiser step (accumulated, split across processes)
-    steps: int = 300_000          # ~800K examples x 6 epochs / 16
-    lr: float = 3e-4              # peak AdamW lr, weight decay 0
-    warmup: float = 0.04          # warmup fraction of the steps, then cosine to 0
-    grad_clip: float = 1.0
-    max_len: int = 3072           # truncate prompt + response
-    init: str = "target"          # "target": init_from_target; "random" stalls (docs/field-notes.md); or a
-                                  # trained head's directory: warm start (continued training) from it
-    draft_vocab: int = 0          # K > 0: draft only the K most frequent response tokens of the training
-                                  # data (plus EOS): a K-row lm_head, cheaper to train and to draft with
-    seed: int = 0
-    eval_every: int = 1000        # steps between evaluations (step 0 and the last step always)
-    eval_seqs: int = 64           # held out: the last eval_seqs rows of the file, never trained on
-    eval_stride: int = 1          # evaluation anchors at every eval_stride-th response position
-    save_every: int = 1000        # steps between checkpoints (the last step always)
+    """One training run. Each field's help and flag (``--name``, or ``--set name=value`` for fields
+    without one) are its metadata: the ``train`` subcommand and ``command_for`` are generated from it."""
+    data: str = option("", "regenerated JSONL (python -m jetflow regenerate)", required=True)
+    out: str = option("", "output dir (checkpoint, history, head, provenance); rerunning resumes from its "
+                      "checkpoint", required=True)
+    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2-135M-Instruct)")
+    dtype: str = option("bfloat16", "the frozen target forward's dtype; head params and AdamW stay fp32", flag=None)
+    causal: bool = option(True, "JetFlow's causal block (the default)", negate=("--bidirectional", "DFlash's bidirectional block"))
+    num_layers: int = option(2, "draft decoder layers (= taps)", flag=None)
+    block_size: int = option(16, "Q: the anchor + Q-1 draftable depths", flag=None)
+    gamma: float = option(0.0, "depth weights exp(-(k-1)/gamma); 0 = uniform (JetFlow), DFlash uses 7")
+    gamma_start: float | None = option(None, "depth curriculum: start from this gamma's weights (e.g. 0.5: "
+                                       "depth 1 dominates) and move to --gamma's")
+    curriculum: float = option(0.5, "fraction of the steps the curriculum takes (with --gamma-start only)")
+    loss: str = option("kl", "kl: forward KL to the target's distribution; ce: the regenerated tokens",
+                       choices=("kl", "ce"))
+    anchors_per_seq: int = option(512, "random anchors inside each response (paper: up to 512)", flag="--anchors")
+    seqs_per_step: int = option(16, "sequences per optimiser step (accumulated, split across processes)")
+    steps: int = option(300_000, "optimiser steps (the paper: ~800K examples x 6 epochs / 16)")
+    lr: float = option(3e-4, "peak AdamW lr, weight decay 0")
+    warmup: float = option(0.04, "warmup fraction of the steps, then cosine to 0", flag=None)
+    grad_clip: float = option(1.0, "gradient norm clip", flag=None)
+    max_len: int = option(3072, "truncate prompt + response to this many tokens", flag=None)
+    init: str = option("target", "target (init_from_target) | random (stalls) | a trained head's directory "
+                       "to continue training from", parse=_init_path)
+    draft_vocab: int = option(0, "draft only the K most frequent response tokens of the data, plus EOS "
+                              "(0 = whole vocabulary): a K-row lm_head, cheaper to train and to draft with")
+    seed: int = option(0, "seed of the data order, the anchors and the head's init")
+    eval_every: int = option(1000, "steps between evaluations (step 0 and the last step always)")
+    eval_seqs: int = option(64, "held out: the last eval_seqs rows of the file, never trained on", flag=None)
+    eval_stride: int = option(1, "evaluation anchors at every eval_stride-th response position", flag=None)
+    save_every: int = option(1000, "steps between checkpoints (the last step always)")
     preset: str = "paper"         # the preset this config started from (for the reproducing command)
 
     def __post_init__(self):
@@ -125,25 +134,7 @@ PRESETS = {
 }
 
 
-# ----------------------------------------------------------------------------- pure pieces
-def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:
-    """(D,) w_k = exp(-(k-1)/gamma) for depths k = 1..D; gamma 0 = uniform."""
-    if gamma == 0:
-        return torch.ones(n_depths)
-    return torch.exp(-torch.arange(n_depths, dtype=torch.float32) / gamma)
-
-
-def curriculum_weights(n_depths: int, cfg: "TrainConfig", step: int) -> torch.Tensor:
-    """(D,) depth weights at ``step``: gamma's, or with ``gamma_start`` a linear blend that moves from
-    gamma_start's weights to gamma's over the first ``curriculum`` fraction of the steps. Early in
-    training the deep, nearly unpredictable depths otherwise swamp depth 1 (docs/field-notes.md)."""
-    final = depth_weights(n_depths, cfg.gamma)
-    if cfg.gamma_start is None:
-        return final
-    s = min(1.0, step / max(1.0, cfg.curriculum * cfg.steps))
-    return (1 - s) * depth_weights(n_depths, cfg.gamma_start) + s * final
-
-
+# ----------------------------------------------------------------------------- schedule and anchors
 def lr_factor(step: int, steps: int, warmup: float) -> float:
     """Linear warmup over round(warmup * steps) steps (at least 1), then cosine to 0 at ``steps``."""
     w = max(1, round(warmup * steps))
@@ -153,63 +144,24 @@ def lr_factor(step: int, steps: int, warmup: float) -> float:
 
 
 def sample_anchors(prompt_len: int, seq_len: int, k: int, generator: torch.Generator) -> torch.Tensor:
-    """(nb,) sorted distinct anchors in [prompt_len, seq_len - 2], nb = min(k, available): response
+    """(A,) sorted distinct anchors in [prompt_len, seq_len - 2], A = min(k, available): response
     tokens with a successor (at decode time the first anchor is position prompt_len)."""
     return (torch.randperm(seq_len - 1 - prompt_len, generator=generator)[:k] + prompt_len).sort().values
 
 
-def slot_targets(anchors: torch.Tensor, seq_len: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """pos (nb, D) = anchor + k, the position slot k predicts (clamped); valid (nb, D) = pos < seq_len."""
-    pos = anchors[:, None] + torch.arange(1, block_size, device=anchors.device)
-    return pos.clamp(max=seq_len - 1), pos < seq_len
-
-
-def slot_losses(logits: torch.Tensor, pos: torch.Tensor, kind: str, ids: torch.Tensor,
-                teacher_logits: torch.Tensor | None = None) -> torch.Tensor:
-    """(nb, D) loss of logits (nb, D, K); slot (b, k) predicts ids[pos[b, k]], ids given as columns of
-    the logits (draft-vocabulary indices). "ce": -log q(ids[pos]); "kl": KL(p || q), p = the teacher at
-    pos - 1 (teacher_logits (S, K), same columns). The teacher's softmax and entropy are taken once per
-    position (S rows), not once per slot (nb*D rows, ~2.7x more here)."""
-    logq = torch.log_softmax(logits.float(), dim=-1)                                    # (nb, D, V)
-    if kind == "ce":
-        return -logq.gather(-1, ids[pos][..., None])[..., 0]
-    logp = torch.log_softmax(teacher_logits.float(), dim=-1)                            # (S, V)
-    p = logp.exp()
-    return (p * logp).sum(-1)[pos - 1] - (p[pos - 1] * logq).sum(-1)
-
-
-def masked_mean(per_slot: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Depth-weighted mean over valid slots; invalid slots (even NaN ones) contribute nothing."""
-    w = weights.to(per_slot.device)[None] * valid                                       # (nb, D)
-    return torch.where(valid, per_slot, 0.0).mul(w).sum() / w.sum().clamp(min=1e-12)
-
-
-def depth_accuracy(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """pred, truth, valid (nb, D) -> correct (D,), count (D,) over valid slots."""
-    return ((pred == truth) & valid).sum(0), valid.sum(0)
-
-
-def simulated_tau(acc) -> float:
-    """1 + sum_k prod_{i<=k} acc_i (docs/method.md, Training)."""
-    return 1.0 + float(torch.tensor(acc, dtype=torch.float64).cumprod(0).sum())
-
-
 # ----------------------------------------------------------------------------- the head pass
 class BlockForward(nn.Module):
-    """All blocks of one sequence through the head. One module, so that DDP (``accelerate launch``)
-    sees every trainable parameter (fc, hidden_norm, layers) used inside a single forward."""
+    """All blocks of one sequence through the head (``DraftHead.sequence_blocks``). One module, so that
+    DDP (``accelerate launch``) sees every trainable parameter (fc, hidden_norm, layers) used inside a
+    single forward."""
 
     def __init__(self, head: DraftHead):
         super().__init__()
         self.head = head
 
     def forward(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        """taps (S, L, H), block-row embeddings x (nb*N, H), anchors (nb,) -> hidden (nb, D, H)."""
-        head, S, n = self.head, taps.shape[0], self.head.config.block_size
-        ctx_kv = head.context_kv(head.fuse(taps[None]), torch.arange(S, device=taps.device)[None])
-        mask = training_mask(anchors, S, n, head.config.causal)[None]                  # (1, nb*N, S+nb*N)
-        hidden = head(x[None].to(head.dtype), block_positions(anchors, n)[None], ctx_kv, mask)
-        return hidden.view(anchors.numel(), n, -1)[:, 1:]
+        """taps (S, L, H), block rows x (A, Q, H), anchors (A,) -> hidden (A, D, H)."""
+        return self.head.sequence_blocks(taps, x, anchors)
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
@@ -217,41 +169,14 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 
 def block_logits(blocks: nn.Module, target, taps, ids, anchors) -> torch.Tensor:
-    """(nb, D, K) fp32 logits of slots 1..D over the head's draft vocabulary (K = V without one),
+    """(A, D, K) fp32 logits of slots 1..D over the head's draft vocabulary (K = V without one),
     through the target's embedding and lm_head rows (detached)."""
-    c = _unwrap(blocks).head.config
-    block_ids = torch.full((anchors.numel(), c.block_size), c.mask_token_id, device=ids.device)
-    block_ids[:, 0] = ids[anchors]
-    x = F.embedding(block_ids.view(-1), target.model.get_input_embeddings().weight.detach())  # (nb*N, H)
-    hidden = blocks(taps, x, anchors)                                                   # (nb, D, H)
     head, lm = _unwrap(blocks).head, target.model.get_output_embeddings()
+    x = head.block_inputs(ids[anchors], target.model.get_input_embeddings().weight.detach())  # (A, Q, H)
+    hidden = blocks(taps, x, anchors)                                                   # (A, D, H)
     bias = None if getattr(lm, "bias", None) is None else head.output_weight(lm.bias.detach()[:, None])[:, 0]
     weight = head.output_weight(lm.weight.detach())                                     # (K, H)
     return F.linear(hidden.to(weight.dtype), weight, bias).float()
-
-
-def target_pass(target, ids: torch.Tensor, taps: tuple[int, ...], logits: bool = True
-                ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The frozen target over a whole sequence (S,): logits (S, V) fp32 (None when ``logits`` is False:
-    the decoder alone runs, skipping the lm_head) and taps (S, L, H), on ids' device."""
-    if logits:
-        step = target.forward(ids, target.new_cache(), taps=taps)
-        return step.logits.to(ids.device), step.taps.to(ids.device)
-    with torch.no_grad():
-        out = target.model.get_decoder()(input_ids=ids[None].to(target.device), use_cache=False,
-                                         output_hidden_states=True)
-    return None, torch.stack([out.hidden_states[l + 1][0] for l in taps], dim=1).to(ids.device)
-
-
-def draft_columns(head: DraftHead, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids -> (column in the head's draft vocabulary, clamped to 0 outside it; in-vocabulary mask)."""
-    vocab = head.vocab
-    if vocab is None:
-        return ids, torch.ones_like(ids, dtype=torch.bool)
-    index = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
-    index[vocab.to(ids.device)] = torch.arange(vocab.numel(), device=ids.device)
-    cols = index[ids]
-    return cols.clamp(min=0), cols >= 0
 
 
 def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0) -> tuple[torch.Tensor, int]:
@@ -260,8 +185,8 @@ def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0)
     over it."""
     head = _unwrap(blocks).head
     c = head.config
-    teacher_logits, taps = target_pass(target, ids, c.target_layer_ids, logits=cfg.loss == "kl")
-    logits = block_logits(blocks, target, taps, ids, anchors)                           # (nb, D, K)
+    teacher_logits, taps = target.sequence_taps(ids, c.target_layer_ids, logits=cfg.loss == "kl")
+    logits = block_logits(blocks, target, taps, ids, anchors)                           # (A, D, K)
     pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
     cols, known = draft_columns(head, ids)
     if teacher_logits is not None and head.vocab is not None:
@@ -282,11 +207,11 @@ def evaluate(head: DraftHead, target, seqs: list[tuple[torch.Tensor, int]], *, s
     correct = count = torch.zeros(c.block_size - 1, dtype=torch.long)
     for ids, p in seqs:
         ids = ids.to(head.fc.weight.device)
-        logits, taps = target_pass(target, ids, c.target_layer_ids)
+        logits, taps = target.sequence_taps(ids, c.target_layer_ids)
         greedy = logits.argmax(-1)                                                      # (S,)
         for anchors in torch.arange(p, ids.numel() - 1, stride, device=ids.device).split(chunk):
             pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
-            pred = block_logits(blocks, target, taps, ids, anchors).argmax(-1)         # (nb, D)
+            pred = block_logits(blocks, target, taps, ids, anchors).argmax(-1)         # (A, D)
             if head.vocab is not None:
                 pred = head.vocab.to(pred.device)[pred]                                  # columns -> ids
             ok, n = depth_accuracy(pred, greedy[pos - 1], valid)
@@ -338,7 +263,8 @@ class Progress:
 
 
 @dataclass
-class Run:
+class TrainingRun:
+    """One training run as it goes: the config, the frozen target, accelerate's prepared objects, the data."""
     cfg: TrainConfig
     target: object
     accelerator: object
@@ -354,7 +280,7 @@ class Run:
         return self.accelerator.unwrap_model(self.blocks).head
 
 
-def train_step(run: Run, first: int) -> tuple[float, Counter]:
+def train_step(run: TrainingRun, first: int) -> tuple[float, Counter]:
     """Accumulate the sequences at data positions first .. first+seqs_per_step-1 (this process's
     share), clip, step. -> mean loss over all processes, token counts."""
     cfg, acc = run.cfg, run.accelerator
@@ -379,7 +305,7 @@ def train_step(run: Run, first: int) -> tuple[float, Counter]:
     return float(loss), Counter(dict(zip(("context_tokens", "response_tokens", "supervised_slots"), counts)))
 
 
-def save_checkpoint(run: Run, progress: Progress) -> None:
+def save_checkpoint(run: TrainingRun, progress: Progress) -> None:
     """accelerate state (head, AdamW, scheduler, RNG) + train_state.json, swapped in by renames so a kill
     at any point leaves a whole checkpoint (``checkpoint``, or ``checkpoint.old`` between the renames)."""
     ckpt, tmp, old = run.out / "checkpoint", run.out / "checkpoint.tmp", run.out / "checkpoint.old"
@@ -421,7 +347,7 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def load_checkpoint(run: Run) -> Progress:
+def load_checkpoint(run: TrainingRun) -> Progress:
     """Restore out/checkpoint when there is one (refusing another config's), else start at step 0."""
     ckpt = next((d for d in (run.out / "checkpoint", run.out / "checkpoint.old")
                  if (d / "train_state.json").is_file()), None)
@@ -490,7 +416,7 @@ def lineage(cfg: TrainConfig) -> list[str]:
     return [*parent.get("lineage", []), parent["command"]]
 
 
-def setup(cfg: TrainConfig, target=None) -> tuple[Run, list[dict]]:
+def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
     """Check the inputs, split the data, build head/optimiser/scheduler under accelerate."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -515,7 +441,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[Run, list[dict]]:
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.steps, cfg.warmup))
     blocks, optimizer, scheduler = accelerator.prepare(BlockForward(head), optimizer, scheduler)
-    run = Run(cfg, target, accelerator, blocks, optimizer, scheduler, train_seqs,
+    run = TrainingRun(cfg, target, accelerator, blocks, optimizer, scheduler, train_seqs,
               as_sequences(rows[-cfg.eval_seqs:], cfg.max_len), Path(cfg.out))
     run.out.mkdir(parents=True, exist_ok=True)
     return run, rows
@@ -565,7 +491,7 @@ def _is_main() -> bool:
     return os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
 
 
-def _loop(run: Run, state: Progress, history: list[dict], end: int, progress: bool) -> dict:
+def _loop(run: TrainingRun, state: Progress, history: list[dict], end: int, progress: bool) -> dict:
     """Steps state.step .. end-1 with logging, evaluation and checkpoints. -> the last evaluation."""
     cfg = run.cfg
     last = next((h for h in reversed(history) if h["acc"] is not None), None)
@@ -591,7 +517,7 @@ def _loop(run: Run, state: Progress, history: list[dict], end: int, progress: bo
     return last
 
 
-def _log(run: Run, history: list[dict], entry: dict, elapsed_s: float, evaluate_now: bool) -> dict | None:
+def _log(run: TrainingRun, history: list[dict], entry: dict, elapsed_s: float, evaluate_now: bool) -> dict | None:
     """Append a history entry (evaluated on the held-out sequences when due) to out/history.jsonl."""
     ev = evaluate(run.head, run.target, run.eval_seqs, stride=run.cfg.eval_stride) if evaluate_now else {}
     history.append(entry | {"acc": ev.get("acc"), "sim_tau": ev.get("sim_tau"), "elapsed_s": elapsed_s})
@@ -600,7 +526,7 @@ def _log(run: Run, history: list[dict], entry: dict, elapsed_s: float, evaluate_
     return history[-1] if evaluate_now else None
 
 
-def read_history(run: Run, step: int) -> list[dict]:
+def read_history(run: TrainingRun, step: int) -> list[dict]:
     """out/history.jsonl up to ``step``; an interrupted run's later entries (and a torn last line) are
     dropped, from the file too (rewritten whole, then renamed over it)."""
     path = run.out / "history.jsonl"
@@ -614,27 +540,16 @@ def read_history(run: Run, step: int) -> list[dict]:
     return rows
 
 
-# ----------------------------------------------------------------------------- provenance
-CLI_FLAGS = {"init": "--init", "draft_vocab": "--draft-vocab", "model": "--model", "gamma": "--gamma", "gamma_start": "--gamma-start", "curriculum": "--curriculum", "loss": "--loss", "steps": "--steps", "lr": "--lr",
-             "anchors_per_seq": "--anchors", "seqs_per_step": "--seqs-per-step", "eval_every": "--eval-every",
-             "save_every": "--save-every", "seed": "--seed"}
-
-
+# ----------------------------------------------------------------------------- the reproducing command
 def command_for(cfg: TrainConfig) -> str:
     """The ``python -m jetflow train`` line that rebuilds ``cfg``: its preset plus each field that
-    differs from it (fields without a flag of their own through ``--set key=value``)."""
-    args = ["python", "-m", "jetflow", "train", "--data", portable_path(cfg.data),
-            "--out", portable_path(cfg.out), "--preset", cfg.preset]
-    base = TrainConfig.from_name(cfg.preset)
-    for name, value in ((f.name, getattr(cfg, f.name)) for f in fields(cfg)):
-        if name in ("data", "out", "preset") or value == getattr(base, name):
-            continue
-        if name == "causal":
-            args.append("--causal" if value else "--bidirectional")
-        elif name == "init" and value not in BUILTIN_INITS:
-            args += ["--init", portable_path(value)]
-        else:
-            args += [CLI_FLAGS[name], str(value)] if name in CLI_FLAGS else ["--set", f"{name}={value}"]
+    differs from it, written from the fields' flag metadata (``--set key=value`` where a field has none);
+    paths through ``portable_path`` (no machine-local paths)."""
+    prefix = ["python", "-m", "jetflow", "train", "--data", portable_path(cfg.data),
+              "--out", portable_path(cfg.out), "--preset", cfg.preset]
+    args = command_args(cfg, TrainConfig.from_name(cfg.preset), prefix, skip=("data", "out"))
+    if cfg.init not in BUILTIN_INITS:
+        args[args.index("--init") + 1] = portable_path(cfg.init)
     return shell_join(args)
 
 
@@ -643,72 +558,3 @@ def portable_config(cfg: TrainConfig) -> dict:
     paths = {k: portable_path(getattr(cfg, k)) for k in ("data", "out") if getattr(cfg, k)}
     return asdict(cfg) | paths | ({"init": portable_path(cfg.init)} if cfg.init not in BUILTIN_INITS else {})
 
-
-def parse_set(cfg: TrainConfig, items: list[str]) -> TrainConfig:
-    """Apply ``--set key=value`` overrides, each parsed by the field's declared type (``float | None``
-    fields take a number or ``none``)."""
-    kinds = {f.name: f.type for f in fields(cfg)}
-    names = sorted(set(kinds) - {"data", "out", "preset", "model"})
-    changes = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in names:
-            raise ValueError(f"--set expects key=value with key one of {names}, got {item!r}")
-        changes[key] = _parse_field(key, str(kinds[key]), raw)
-    return dataclasses.replace(cfg, **changes)
-
-
-def _parse_field(key: str, kind: str, raw: str):
-    """``raw`` as a value of a field declared ``kind`` ("int", "float | None", "bool", "str", ...)."""
-    options = [k.strip() for k in kind.split("|")]
-    if "None" in options and raw.lower() in ("none", "null", ""):
-        return None
-    base = next(k for k in options if k != "None")
-    if base == "bool":
-        if raw.lower() not in ("true", "false"):
-            raise ValueError(f"--set {key} expects true or false, got {raw!r}")
-        return raw.lower() == "true"
-    parse = {"int": int, "float": float, "str": str}[base]
-    try:
-        return parse(raw)
-    except ValueError:
-        raise ValueError(f"--set {key} expects {'a number' if base != 'str' else 'text'}"
-                         f"{' or none' if 'None' in options else ''} ({kind}), got {raw!r}") from None
-
-
-def write_provenance(run: Run, state: Progress, last: dict, rows: list[dict]) -> dict:
-    """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
-    import transformers
-    cfg, path = run.cfg, Path(run.cfg.data)
-    data = {"file": path.name, "path": portable_path(path),
-            "sha256": data_sha256(path), "sequences": len(rows),
-            "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
-            "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
-    meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`
-    data["command"] = json.loads(meta.read_text()).get("command") if meta.is_file() else None
-    prov = {"command": command_for(cfg), "lineage": lineage(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
-            "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": portable_config(cfg),
-            "final": {"acc": last["acc"], "sim_tau": last["sim_tau"], "eval_step": last["step"]},
-            "tau_convention": TAU_NOTE, "versions": {"torch": torch.__version__,
-                                                     "transformers": transformers.__version__,
-                                                     "python": sys.version.split()[0]}}
-    (run.out / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
-    acc = prov["final"]["acc"]
-    (run.out / "PROVENANCE.md").write_text("\n".join([
-        "# Draft head training run", "",
-        *(["Warm-started (`--init`) from a head that these commands train, oldest first:", "", "```",
-           *prov["lineage"], "```", ""] if prov["lineage"] else []),
-        "Reproduce with:", "", "```", prov["command"], "```", "",
-        *([f"The data file comes from (`JETFLOW_DATA_DIR` names the prompt sets; outputs of batched bf16 "
-           f"greedy decoding can differ in rare tokens between machines):", "", "```", data["command"], "```", ""]
-          if data["command"] else []),
-        f"- data: `{data['file']}` (sha256 `{data['sha256']}`), {data['sequences']} sequences "
-        f"({data['train_sequences']} trained on, {data['eval_sequences']} held out); mix {data['mix']}",
-        f"- tokens: {state.tokens}",
-        f"- {state.step} steps, {prov['wall_time_s']} s wall time, seed {cfg.seed}",
-        f"- versions: {prov['versions']}",
-        f"- simulated tau **{last['sim_tau']:.3f}** at step {last['step']} ({TAU_NOTE})", "",
-        "| depth | " + " | ".join(map(str, range(1, len(acc) + 1))) + " |", "|---|" + "---|" * len(acc),
-        "| accuracy | " + " | ".join(f"{a:.3f}" for a in acc) + " |", "",
-        "Config:", "", "```json", json.dumps(prov["config"], indent=2), "```", ""]))
-    return prov

@@ -1,17 +1,48 @@
-"""Candidate trees: a typed container, the builders of docs/method.md (Tree builders), and ``merge``.
+"""Candidate trees: a typed container, the builders of docs/method.md (Tree builders) and three beyond
+the paper, all registered in ``BUILDERS``, and ``merge``.
 
 Pure torch; imports nothing else from jetflow. A tree holds the root (the anchor, index 0)
 followed by its draft nodes in insertion order, parents before children, so the budget B is
 ``len(tree) - 1``. Builders take per-depth log-probs ``logp`` of shape (D, V): row d-1 is the
-draft distribution of depth d, shared by every node at that depth.
+draft distribution of depth d, shared by every node at that depth. A node's rank is its token's
+rank in its depth's row (0 = the argmax); the argmax spine is the path of rank-0 nodes.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class AcceptanceProfile:
+    """Measured acceptance of the draft nodes, from replayed rounds (``jetflow.profile``). A node is
+    accepted when the target's greedy continuation passes through it; every rate is conditioned on its
+    parent being reached, and split by whether that parent is on the argmax spine (s=0) or off it (s=1)."""
+    rank: torch.Tensor        # (2, D, R) float: P(the rank-r token of depth d is accepted | parent reached, s)
+    edges: torch.Tensor       # (E+1,) float: ascending head log-prob bin edges, -inf first, 0 last
+    calibrated: torch.Tensor  # (2, D, E) float: P(accepted | head log-prob in bin e, depth d, s), non-decreasing in e
+
+    def __post_init__(self):
+        s, d, e = self.calibrated.shape
+        if s != 2 or self.rank.shape[:2] != (2, d) or self.edges.numel() != e + 1:
+            raise ValueError(f"inconsistent profile shapes: rank {tuple(self.rank.shape)}, edges "
+                             f"{tuple(self.edges.shape)}, calibrated {tuple(self.calibrated.shape)}")
+
+    @property
+    def depths(self) -> int:
+        return self.rank.shape[1]
+
+    def calibrate(self, logp: torch.Tensor, off_spine: int) -> torch.Tensor:
+        """(D, K) head log-probs -> (D, K) log of their measured acceptance for a parent on (0) or off (1)
+        the spine; depths past the profile's take its last depth's rates."""
+        bins = (torch.bucketize(logp.float().clamp(max=0.0), self.edges[1:-1].float(), right=True))  # (D, K)
+        rows = torch.arange(logp.shape[0]).clamp(max=self.depths - 1)
+        return self.calibrated[off_spine][rows[:, None], bins].float().clamp(min=1e-9).log()
 
 
 @dataclass(frozen=True)
@@ -150,6 +181,110 @@ def best_prefix(logp: torch.Tensor, budget: int, root: int) -> Tree:
     return Tree.from_lists(tokens, parents, depth, score)
 
 
+def _capped_prefixes(gain: Callable[[int, int, bool], float], cap: Callable[[int, int, bool], int],
+                     top_tok: list[list[int]], budget: int) -> Tree:
+    """Best-first over prefixes: the ``budget`` highest-scoring nodes whose every node's rank is below its
+    parent's child cap. A node's score is its parent's plus ``gain(d, r, parent_off_spine)`` (<= 0,
+    non-increasing in r), and a node at depth d-1 takes children of ranks < ``cap(d, its rank,
+    off_spine)`` only; so popping a node and pushing its next sibling and first child keeps the heap's
+    best the best remaining prefix (``best_prefix`` is the uncapped case with gain = head log-prob).
+    ``off_spine`` is the parent's path state in ``gain`` (the parent itself included) and the state of
+    the path above the parent in ``cap`` (its own rank is the cap's other key)."""
+    depth_max, k = len(top_tok), len(top_tok[0])
+    tokens, parents, depth, score, rank, off = [0], [-1], [0], [0.0], [0], [False]
+    order = itertools.count()
+    heap = []
+
+    def push(d, r, p):  # candidate: rank r at depth d under node p, if p's cap and the row allow it
+        if d <= depth_max and r < min(k, cap(d, rank[p], off[parents[p]] if p else False)):
+            heapq.heappush(heap, (-(score[p] + gain(d, r, off[p])), next(order), d, r, p))
+
+    push(1, 0, 0)
+    while heap and len(tokens) - 1 < budget:
+        neg, _, d, r, p = heapq.heappop(heap)
+        tokens.append(top_tok[d - 1][r]); parents.append(p); depth.append(d); score.append(-neg)
+        rank.append(r); off.append(off[p] or r > 0)
+        push(d, r + 1, p)
+        push(d + 1, 0, len(tokens) - 1)
+    return tokens, parents, depth, score
+
+
+def top2gap(logp: torch.Tensor, budget: int, root: int, width: int = 8, beta: float = 1.0,
+            g0: float = 1.0) -> Tree:
+    """Top-2-gap fanout (beyond the paper): at most ``max(1, round(W * sigmoid(-beta * (g_d - g0))))``
+    children per node at depth d, g_d the gap between depth d's top-1 and top-2 log-probs (a confident
+    depth gets few siblings, a flat one up to W), filled best-first by cumulative log-prob."""
+    _check(logp, budget)
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    top_lp, top_tok = logp.float().topk(min(max(width, 2), logp.shape[1]), dim=-1)  # (D, W')
+    gap = top_lp[:, 0] - top_lp[:, 1] if top_lp.shape[1] > 1 else torch.full((logp.shape[0],), float("inf"))
+    caps = torch.sigmoid(-beta * (gap - g0)).mul(width).round().clamp(min=1).long().tolist()  # (D,)
+    top_lp, top_tok = top_lp.tolist(), top_tok.tolist()
+    tokens, parents, depth, score = _capped_prefixes(lambda d, r, off: top_lp[d - 1][r],
+                                                     lambda d, r, off: min(caps[d - 1], width), top_tok, budget)
+    return Tree.from_lists([root] + tokens[1:], parents, depth, score)
+
+
+def _need(profile: "AcceptanceProfile | None", builder: str) -> "AcceptanceProfile":
+    if profile is None:
+        raise ValueError(f"{builder} needs an acceptance profile (acceptance_profile.json beside the head; "
+                         "make one with python -m jetflow profile)")
+    return profile
+
+
+def calibrated_prefix(logp: torch.Tensor, budget: int, root: int, profile: "AcceptanceProfile | None" = None) -> Tree:
+    """Best prefixes under measured acceptance (beyond the paper): a node's score is the log of the
+    acceptance ``profile`` measured for its head log-prob at its depth, given whether its parent is on
+    the argmax spine, so off-spine branches pay for the mismatched context they inherit."""
+    _check(logp, budget)
+    profile = _need(profile, "calibrated_prefix")
+    top_lp, top_tok = logp.float().topk(min(budget, logp.shape[1]), dim=-1)  # (D, K)
+    gains = [profile.calibrate(top_lp, s).tolist() for s in (0, 1)]         # 2 x (D, K)
+    tokens, parents, depth, score = _capped_prefixes(lambda d, r, off: gains[off][d - 1][r],
+                                                     lambda d, r, off: budget, top_tok.tolist(), budget)
+    return Tree.from_lists([root] + tokens[1:], parents, depth, score)
+
+
+def profile_caps(profile: "AcceptanceProfile", budget: int, depths: int) -> torch.Tensor:
+    """(2, D+1, R) long: the child cap of a node at depth d (0 = root) with rank r, on or off the spine,
+    read off the tree of the ``budget`` best prefixes under the profile's per-(depth, rank) acceptance
+    (its expected shape): the most children such a node has there, at least 1 on the spine. The spine
+    state is the path's above the node (the node's own rank is the other key)."""
+    rates = profile.rank.float().clamp(min=1e-9).log()                     # (2, D', R)
+    rows = torch.arange(depths).clamp(max=profile.depths - 1)
+    table = rates[:, rows].tolist()                                          # 2 x (D, R)
+    n_rank = rates.shape[-1]
+    tokens, parents, depth, _ = _capped_prefixes(lambda d, r, off: table[off][d - 1][r],
+                                                 lambda d, r, off: n_rank, [list(range(n_rank))] * depths, budget)
+    caps = torch.zeros(2, depths + 1, n_rank, dtype=torch.long)
+    caps[0, :, 0] = 1
+    off, kids = [False] * len(tokens), [0] * len(tokens)
+    for i in range(1, len(tokens)):
+        off[i] = off[parents[i]] or tokens[i] > 0
+        kids[parents[i]] += 1
+    for i in range(len(tokens)):
+        s, d, r = int(off[parents[i]]) if i else 0, depth[i], tokens[i] if i else 0
+        caps[s, d, r] = max(int(caps[s, d, r]), kids[i])
+    return caps
+
+
+def profile_prefix(logp: torch.Tensor, budget: int, root: int, profile: "AcceptanceProfile | None" = None) -> Tree:
+    """Per-(depth, rank) child caps from an offline acceptance profile (beyond the paper): each node takes
+    at most the children a node of its depth and rank has in the profile's expected tree
+    (``profile_caps``), filled best-first by this round's cumulative head log-prob."""
+    _check(logp, budget)
+    profile = _need(profile, "profile_prefix")
+    caps = profile_caps(profile, budget, logp.shape[0]).tolist()           # 2 x (D+1, R)
+    n_rank = len(caps[0][0])
+    top_lp, top_tok = logp.float().topk(min(n_rank, logp.shape[1]), dim=-1)  # (D, R)
+    top_lp = top_lp.tolist()
+    tokens, parents, depth, score = _capped_prefixes(
+        lambda d, r, off: top_lp[d - 1][r], lambda d, r, off: caps[off][d - 1][r] if r < n_rank else 0,
+        top_tok.tolist(), budget)
+    return Tree.from_lists([root] + tokens[1:], parents, depth, score)
+
+
 def merge(first: Tree, second: Tree, budget: int) -> Tree:
     """One trie of at most ``budget`` drafts: ``first``'s nodes (in order), then ``second``'s in its own
     order (best first for the builders above); a node repeating a (parent, token) pair reuses the
@@ -181,11 +316,38 @@ def merge(first: Tree, second: Tree, budget: int) -> Tree:
     return Tree.from_lists(tokens, parents, score=score)
 
 
-BUILDERS = {"chain": chain, "accum_logp": accum_logp, "best_prefix": best_prefix}
+@dataclass(frozen=True)
+class Builder:
+    """A registered tree builder: ``build(logp (D, K), budget, root, **options) -> Tree``. ``options`` names
+    the keywords it takes (``width`` for ``accum_logp``); ``bind`` keeps those and drops the rest (a
+    chain has no width), so every caller can pass the same keywords."""
+    name: str
+    build: Callable[..., Tree]
+    description: str
+    options: tuple[str, ...] = ()
+
+    def bind(self, **options) -> Callable[[torch.Tensor, int, int], Tree]:
+        """(logp, budget, root) -> Tree with the options this builder takes fixed."""
+        return functools.partial(self.build, **{k: v for k, v in options.items() if k in self.options})
 
 
-def tree_builder(builder: str, width: int = 7):
-    """(logp (D, K), budget, root) -> Tree for a builder name; ``width`` applies to ``accum_logp``."""
-    if builder == "accum_logp":
-        return lambda logp, budget, root: accum_logp(logp, budget, root, width)
-    return BUILDERS[builder]
+BUILDERS = {b.name: b for b in (
+    Builder("chain", chain, "the argmax token at every depth (DFlash)"),
+    Builder("accum_logp", accum_logp, "best-first by cumulative log-prob, the top-W tokens under each "
+            "expanded node (JetFlow's Algorithm 1)", ("width",)),
+    Builder("best_prefix", best_prefix, "the exact budget most probable prefixes (DDTree)"),
+    Builder("top2gap", top2gap, "best prefixes under a per-depth child cap that shrinks with the depth's "
+            "top-1/top-2 log-prob gap (top2gap fanout)", ("width",)),
+    Builder("calibrated_prefix", calibrated_prefix, "best prefixes by measured acceptance: head log-probs "
+            "calibrated per depth and spine state", ("profile",)),
+    Builder("profile_prefix", profile_prefix, "best prefixes by head log-prob under per-(depth, rank) child "
+            "caps from the acceptance profile", ("profile",)),
+)}
+
+
+def tree_builder(name: str, **options) -> Callable[[torch.Tensor, int, int], Tree]:
+    """(logp (D, K), budget, root) -> Tree for a registered builder, e.g. ``tree_builder("accum_logp",
+    width=7)``."""
+    if name not in BUILDERS:
+        raise ValueError(f"unknown tree builder {name!r}; choose from {', '.join(BUILDERS)}")
+    return BUILDERS[name].bind(**options)

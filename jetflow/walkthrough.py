@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from .decode import _verify
+from .decode import verify_step
 from .tree import Tree, ancestor_mask
 from .verify import sample_accept
 
@@ -77,7 +77,7 @@ def round_logits(target, result, round_index: int) -> torch.Tensor:
         raise ValueError(f"round {round_index}'s root is not the token committed before it")
     cache = target.new_cache()
     target.forward(torch.tensor(result.prompt_ids + result.tokens[:before]), cache)
-    _, step = _verify(target, tree, cache, ())
+    _, step = verify_step(target, tree, cache, ())
     return step.logits
 
 

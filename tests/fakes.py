@@ -43,3 +43,16 @@ class CharTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return " ".join(map(str, ids))
+
+
+def random_profile(depths: int, n_rank: int, seed: int = 0):
+    """A monotone random acceptance profile (rank rates non-increasing in r, calibration non-decreasing
+    in log-prob), for the builders that take one."""
+    import math
+
+    from jetflow.tree import AcceptanceProfile
+    g = torch.Generator().manual_seed(seed)
+    rank = torch.rand(2, depths, n_rank, generator=g).sort(-1, descending=True).values * 0.9
+    edges = torch.tensor([-math.inf, -3.0, -2.0, -1.0, -0.5, 0.0])
+    cal = torch.rand(2, depths, 5, generator=g).sort(-1).values
+    return AcceptanceProfile(rank, edges, cal)

@@ -7,11 +7,11 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from jetflow import bench
+from jetflow import bench, metrics, report
+from metrics_cases import HAND_ROUNDS
 from jetflow.decode import Round
 from jetflow.proposers import LookupProposer
 from jetflow.target import Target
-from jetflow.tree import Tree
 
 PROMPTS = {"math": [{"id": "m0", "prompt": "one two one two one"}, {"id": "m1", "prompt": "abc abc abc"}],
            "chat": [{"id": "c0", "prompt": "hello there"}]}
@@ -46,50 +46,6 @@ def target():
     return tiny_target()
 
 
-# ----------------------------------------------------------------------------- pure helpers
-def rnd(tokens, parents, path, committed) -> Round:
-    return Round(Tree.from_lists(tokens, parents), path, committed, [0] * len(tokens), 0.0, 0.0)
-
-
-HAND_ROUNDS = [
-    rnd([5, 6, 7, 8], [-1, 0, 1, 2], [0, 1, 2], [6, 7, 9]),  # chain, depths 1-2 accepted, 3 rejected
-    rnd([5, 6, 7, 8], [-1, 0, 1, 2], [0], [4]),              # chain, depth 1 rejected
-    rnd([5, 6, 7, 8], [-1, 0, 0, 2], [0, 1], [6, 3]),        # accepted node 1 has no child: no depth-2 chance
-    rnd([5], [-1], [0], [6]),                                # AR round: no chance at all
-]
-
-
-def test_tau_hist_and_verify_tokens():
-    assert bench.tau_hist(HAND_ROUNDS) == {1: 2, 2: 1, 3: 1}
-    assert bench.tau(HAND_ROUNDS) == 7 / 4
-    assert bench.verify_tokens(HAND_ROUNDS) == 13 / 4
-    assert bench.tau([]) is None and bench.verify_tokens([]) is None and bench.tau_hist([]) == {}
-
-
-def test_depth_accept_conditions_on_a_drafted_child():
-    assert bench.depth_accept(HAND_ROUNDS) == [2 / 3, 1.0, 0.0]
-    assert bench.depth_accept(HAND_ROUNDS[3:]) == []
-    # depth 2 drafted only under a rejected depth-1 node: nobody had the chance
-    assert bench.depth_accept([rnd([5, 6, 7, 8], [-1, 0, 0, 2], [0], [4])]) == [0.0, None]
-
-
-def run_(tokens, n, seconds, prefill=0.1):
-    return bench.Run(tokens, n, seconds, prefill)
-
-
-def test_speedup_is_a_ratio_of_totals():
-    assert bench.speedup(100, 2.0, 50, 2.0) == 2.0
-    assert bench.speedup(0, 0.0, 50, 2.0) is None and bench.speedup(10, 1.0, 0, 0.0) is None
-    runs = [run_([1, 2], 10, 1.0), run_([3], 30, 3.0, None)]
-    ar = [run_([1, 2], 10, 2.0), run_([4], 30, 1.0)]
-    row = bench.summarize(runs, ar)
-    assert row["tokens_per_s"] == 10.0
-    assert row["speedup"] == pytest.approx(10.0 / (40 / 3))  # not the mean of per-prompt ratios
-    assert row["identical_to_ar"] == 1 and row["new_tokens"] == 3 and row["n_prompts"] == 2
-    assert row["prefill_s"] is None  # one run could not separate prefill
-    assert bench.summarize(ar, ar)["speedup"] == 1.0
-
-
 # ----------------------------------------------------------------------------- running
 def test_run_rows_on_tiny_model(target, tmp_path):
     rows = bench.run(target, ["ar", "lookup", "hf", "hf-lookup"], PROMPTS, [2, 4], max_new_tokens=8,
@@ -114,7 +70,7 @@ def test_run_rows_on_tiny_model(target, tmp_path):
     assert hf["tau"] is None and hf["prefill_s"] is None and "note" in hf
 
     md = bench.to_markdown(rows)
-    assert md.startswith(bench.CONVENTIONS) and md.count("| lookup |") == 4 and "hf: " in md
+    assert md.startswith(report.CONVENTIONS) and md.count("| lookup |") == 4 and "hf: " in md
     out = bench.write(rows, tmp_path / "res")
     assert json.loads((out / "rows.json").read_text())[1]["budget"] == 2
     assert (out / "table.md").read_text() == md
@@ -135,15 +91,9 @@ def test_run_interleaves_prompt_by_prompt_ar_first(target, monkeypatch):
     assert calls == warm + [(m, b, p, 5) for p in prompts for m, b in order]
 
 
-def test_round_stats_keep_what_the_rows_need():
-    stats = [bench.RoundStat.of(r) for r in HAND_ROUNDS]
-    assert stats[0] == bench.RoundStat(committed=3, accepted=2, verified=4, deepest=3, chances=3)
-    assert stats[2].chances == 1 and stats[3] == bench.RoundStat(1, 0, 1, 0, 0)
-    assert bench.tau(stats) == bench.tau(HAND_ROUNDS) and bench.tau_hist(stats) == bench.tau_hist(HAND_ROUNDS)
-    assert bench.depth_accept(stats) == bench.depth_accept(HAND_ROUNDS)
-    assert bench.verify_tokens(stats) == bench.verify_tokens(HAND_ROUNDS)
-    run = bench.Run([1, 2], 2, 0.5, 0.1, stats)
-    assert bench.Run.from_json(json.loads(json.dumps(run.to_json()))) == run
+def test_runs_round_trip_through_json():
+    run = bench.PromptRun([1, 2], 2, 0.5, 0.1, [metrics.RoundStat.of(r) for r in HAND_ROUNDS])
+    assert bench.PromptRun.from_json(json.loads(json.dumps(run.to_json()))) == run
 
 
 REAL_RUN_CONFIG = bench.run_config
@@ -219,8 +169,8 @@ def test_journal_refuses_other_settings_and_tolerates_a_cut_last_line(target, tm
 
 def test_journal_refuses_runs_of_another_head(tmp_path):
     book = bench.Journal(tmp_path / "runs.jsonl", {"model": "m"})
-    book.record("gsm8k", 0, "p0", {"ar": (None, bench.Run([1], 1, 0.1, 0.0)),
-                                   "jetflow@16": ("aaaa", bench.Run([1], 1, 0.1, 0.0))})
+    book.record("gsm8k", 0, "p0", {"ar": (None, bench.PromptRun([1], 1, 0.1, 0.0)),
+                                   "jetflow@16": ("aaaa", bench.PromptRun([1], 1, 0.1, 0.0))})
     reread = bench.Journal(tmp_path / "runs.jsonl", {"model": "m"})
     assert reread.done("gsm8k", 0, "p0", {"ar": None, "jetflow@16": "aaaa"})["ar"].tokens == [1]
     assert reread.done("gsm8k", 1, "p1", {"ar": None}) is None
@@ -287,7 +237,7 @@ def test_predicted_speedup_is_per_dataset_and_missing_without_an_ar_prediction()
             {"method": "lookup", "dataset": "b", "predicted_tokens_per_s": 15.0},
             {"method": "lookup", "dataset": "c", "predicted_tokens_per_s": 15.0},
             {"method": "ar", "dataset": "d"}]
-    assert bench.predicted_speedups(rows) == [1.0, 1.5, 1.0, 0.75, None, None]
+    assert metrics.predicted_speedups(rows) == [1.0, 1.5, 1.0, 0.75, None, None]
 
 
 def test_run_auto_compare_runs_every_candidate_and_flags_the_pick(target):
@@ -323,7 +273,7 @@ def test_qwen3_preset_values():
     assert cfg["budgets"] == (16, 32, 64, 128, 255) and cfg["auto"] is False
     assert cfg["datasets"] == ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
     assert cfg["chat_template_kwargs"] == {"enable_thinking": False}
-    assert bench.PRESETS["qwen3-8b"]["heads"]["jetflow"] == "JetSpec/jetspec-qwen3-8b"
+    assert bench.PRESETS["qwen3-8b"].heads["jetflow"] == "JetSpec/jetspec-qwen3-8b"
 
 
 @pytest.mark.parametrize("overrides, key, want", [
@@ -393,7 +343,7 @@ def test_budgets_past_max_drafts_share_one_set_of_runs(target, monkeypatch):
     assert set(calls) == {None, 2, 3}  # budgets 16 and 64 are not decoded again
     by_budget = {r["budget"]: r for r in rows if r["dataset"] == "math" and r["method"] == "dflash"}
     for b in (16, 64):
-        assert {k: v for k, v in by_budget[b].items() if k not in ("budget", "note")} == \
+        assert {k: v for k, v in by_budget[b].items() if k not in ("budget", "note", "same_as_budget")} == \
                {k: v for k, v in by_budget[3].items() if k != "budget"}
-        assert "same runs as budget 3" in by_budget[b]["note"]
+        assert "same runs as budget 3" in by_budget[b]["note"] and by_budget[b]["same_as_budget"] == 3
     assert "note" not in by_budget[2] and "same runs as budget 3" in bench.to_markdown(rows)

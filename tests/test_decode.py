@@ -111,13 +111,15 @@ def test_empty_prompt_rejected(tiny_target):
 
 
 @pytest.mark.parametrize("draft_vocab,dtype", [(0, torch.float32), (300, torch.bfloat16)])
-@pytest.mark.parametrize("builder", ["accum_logp", "chain", "best_prefix"])
+@pytest.mark.parametrize("builder", ["accum_logp", "chain", "best_prefix", "top2gap", "calibrated_prefix",
+                                     "profile_prefix"])
 def test_head_proposer_is_lossless_in_any_draft_dtype_and_vocabulary(tiny_target, draft_vocab, dtype, builder):
+    from fakes import random_profile
     from jetflow.proposers import HeadProposer
     from jetflow.train import TrainConfig, build_head
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
     head = build_head(TrainConfig(block_size=6, draft_vocab=draft_vocab), tiny_target, rows).to(dtype).eval()
-    proposer = HeadProposer(head, tiny_target, builder, width=3)
+    proposer = HeadProposer(head, tiny_target, builder, width=3, profile=random_profile(5, 8))
     for ids in PROMPTS:
         res = generate(tiny_target, torch.tensor(ids), proposer, budget=9, max_new_tokens=NEW)
         assert res.tokens == hf_greedy(tiny_target, ids)

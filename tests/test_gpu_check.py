@@ -88,4 +88,4 @@ def test_bad_settings_are_refused(tmp_path, change, message):
 def test_embedded_check_passes_on_cpu(smol):
     (check,) = gpu_check.embedded_checks(Settings(device="cpu", embedded_tokens=16))
     assert check.ok, check.detail
-    assert set(check.data["tau"]) == {"jetflow", "dflash", "ddtree", "jetflow-bp"}
+    assert set(check.data["tau"]) == {"jetflow", "dflash", "ddtree", "jetflow-bp", "jetflow-chain"}

@@ -21,7 +21,8 @@ from jetflow.data import load_regenerated, regenerate
 from jetflow.decode import generate
 from jetflow.head import DraftHead, HeadConfig
 from jetflow.target import Target, check_supported
-from jetflow.train import TrainConfig, _swap_in, check_out, parse_set
+from jetflow.flags import parse_set
+from jetflow.train import TrainConfig, _swap_in, check_out
 from jetflow.tree import Tree
 from jetflow.verify import sample_accept
 
@@ -209,10 +210,9 @@ def test_regeneration_refuses_other_settings_and_headerless_files(tmp_path):
 
 
 def test_the_default_regeneration_file_names_the_model():
-    from jetflow.cli_extra import default_regen_out
-    from argparse import Namespace
-    a = default_regen_out(Namespace(model=None, dtype="bfloat16", n=30))
-    b = default_regen_out(Namespace(model="Qwen/Qwen3-8B", dtype="bfloat16", n=30))
+    from jetflow.cli import RegenerateConfig, default_regen_out
+    a = default_regen_out(RegenerateConfig(model=None, dtype="bfloat16", n=30))
+    b = default_regen_out(RegenerateConfig(model="Qwen/Qwen3-8B", dtype="bfloat16", n=30))
     assert a.name == "regen-smollm2-135m-bfloat16-30.jsonl" and b.name == "regen-Qwen--Qwen3-8B-bfloat16-30.jsonl"
 
 

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from fakes import random_profile
 from jetflow import replay as rp
 from jetflow.decode import generate
 from jetflow.proposers import HeadProposer, LookupMerged
@@ -37,7 +38,7 @@ def committed(rounds):
 
 @pytest.mark.parametrize("builder", ["chain", "accum_logp", "best_prefix"])
 def test_rank0_drafts_commit_whole_chains(builder):
-    rounds = rp.walk(table_with(TOKENS, 0), trace_of(TOKENS), rp.tree_builder(builder, 3), 12, EOS)
+    rounds = rp.walk(table_with(TOKENS, 0), trace_of(TOKENS), rp.tree_builder(builder, width=3), 12, EOS)
     assert committed(rounds) == TOKENS[1:]                      # the walk rebuilds the answer
     assert [len(r.committed) for r in rounds] == [D + 1] * 4 + [3]  # 4 full rounds, then 3 up to EOS
 
@@ -45,9 +46,9 @@ def test_rank0_drafts_commit_whole_chains(builder):
 def test_rank1_drafts_need_a_tree():
     chain = rp.walk(table_with(TOKENS, 1), trace_of(TOKENS), rp.tree_builder("chain"), D, EOS)
     assert all(len(r.committed) == 1 for r in chain)            # the argmax chain never matches
-    narrow = rp.walk(table_with(TOKENS, 1), trace_of(TOKENS), rp.tree_builder("accum_logp", 1), 12, EOS)
+    narrow = rp.walk(table_with(TOKENS, 1), trace_of(TOKENS), rp.tree_builder("accum_logp", width=1), 12, EOS)
     assert all(len(r.committed) == 1 for r in narrow)
-    wide = rp.walk(table_with(TOKENS, 1), trace_of(TOKENS), rp.tree_builder("accum_logp", 2), 30, EOS)
+    wide = rp.walk(table_with(TOKENS, 1), trace_of(TOKENS), rp.tree_builder("accum_logp", width=2), 30, EOS)
     assert committed(wide) == TOKENS[1:] and len(wide[0].committed) == D + 1
 
 
@@ -58,11 +59,12 @@ def test_walk_stops_at_max_new_tokens_without_eos():
 
 
 @pytest.mark.parametrize("merged", [False, True])
-@pytest.mark.parametrize("builder", ["accum_logp", "best_prefix", "chain"])
+@pytest.mark.parametrize("builder", ["accum_logp", "best_prefix", "chain", "top2gap", "calibrated_prefix",
+                                     "profile_prefix"])
 def test_replayed_rounds_equal_decoded_rounds(tiny_target, builder, merged):
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
     head = build_head(TrainConfig(block_size=6, draft_vocab=300), tiny_target, rows).eval()
-    proposer = HeadProposer(head, tiny_target, builder, width=3)
+    proposer = HeadProposer(head, tiny_target, builder, width=3, profile=random_profile(5, 8))
     lookup, changed = LookupMerged(proposer) if merged else None, []
     prompts = [{"id": "a", "prompt": "Count to five."}, {"id": "b", "prompt": "Name a colour."},
                {"id": "c", "prompt": "one two one two one two one two one two"}]  # its answer repeats a token
@@ -72,11 +74,13 @@ def test_replayed_rounds_equal_decoded_rounds(tiny_target, builder, merged):
         for budget in (4, 12):
             real = generate(tiny_target, torch.tensor(trace.prompt_ids), lookup or proposer, budget=budget,
                             max_new_tokens=20).rounds
-            walked = rp.walk(table, trace, rp.tree_builder(builder, 3), budget, tiny_target.eos_ids, lookup)
+            walked = rp.walk(table, trace, rp.tree_builder(builder, width=3, profile=proposer.profile), budget,
+                             tiny_target.eos_ids, lookup)
             assert [r.tree.tokens.tolist() for r in walked] == [r.tree.tokens.tolist() for r in real]
             assert [r.committed for r in walked] == [r.committed for r in real]
             if merged:  # the lookup branches did change some trees
-                plain = rp.walk(table, trace, rp.tree_builder(builder, 3), budget, tiny_target.eos_ids)
+                plain = rp.walk(table, trace, rp.tree_builder(builder, width=3, profile=proposer.profile), budget,
+                                tiny_target.eos_ids)
                 changed.append(any(a.tree.tokens.tolist() != b.tree.tokens.tolist() for a, b in zip(plain, walked)))
     assert any(changed) or not merged
 
@@ -96,7 +100,7 @@ def test_ar_traces_resume_from_the_cache(tiny_target, tmp_path, monkeypatch):
 
 
 def test_replay_rejects_bad_input(tiny_target):
-    with pytest.raises(ValueError, match="head methods"):
+    with pytest.raises(ValueError, match="unknown head method"):
         rp.replay(tiny_target, ["lookup"], {}, [16])
     with pytest.raises(ValueError, match="budgets"):
         rp.replay(tiny_target, ["jetflow"], {}, [0])

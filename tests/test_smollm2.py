@@ -28,7 +28,8 @@ def references(smol):
 
 
 @pytest.mark.parametrize("method", ["ar", "lookup", "jetflow", "dflash", "ddtree", "jetflow-bp",
-                                    "jetflow+lookup", "ddtree+lookup"])
+                                    "jetflow+lookup", "ddtree+lookup", "jetflow-t2g", "jetflow-cal",
+                                    "jetflow-profile", "jetflow-cal+lookup"])
 def test_greedy_equals_hf_generate(smol, references, method):
     proposer = make_proposer(method, smol)
     for prompt, ref in zip(PROMPTS, references):
@@ -86,22 +87,24 @@ def test_prefill_taps_shape(smol):
     assert step.logits.shape == (3, 49152) and step.taps.shape == (3, 2, 576)
 
 
-def test_cli_replay_equals_decoding(smol, capsys, tmp_path):
-    """`python -m jetflow replay` on the shipped heads: its tau is the tau of really decoding (fp32 drafts)."""
+@pytest.mark.parametrize("methods", ["jetflow,ddtree", "jetflow-t2g,jetflow-cal,jetflow-profile"])
+def test_cli_replay_equals_decoding(smol, capsys, tmp_path, methods):
+    """`python -m jetflow replay` on the shipped heads: its tau is the tau of really decoding (fp32 drafts),
+    the builders that read the acceptance profile shipped beside the causal head included."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "clips", "prompt": PROMPTS[1]}) + "\n")
-    code, out, _ = run_cli(capsys, "replay", "--prompts-file", str(prompts), "--methods", "jetflow,ddtree",
+    code, out, _ = run_cli(capsys, "replay", "--prompts-file", str(prompts), "--methods", methods,
                            "--budgets", "4,32", "--max-new-tokens", str(NEW), "--cache", str(tmp_path), "--json")
     assert code == 0
     rows = [json.loads(line) for line in out.splitlines()]
-    assert [(r["method"], r["budget"]) for r in rows] == [("jetflow", 4), ("jetflow", 32), ("ddtree", 4), ("ddtree", 32)]
+    assert [(r["method"], r["budget"]) for r in rows] == [(m, b) for m in methods.split(",") for b in (4, 32)]
     for r in rows:
         proposer = make_proposer(r["method"], smol, draft_dtype=torch.float32)
         res = generate(smol, PROMPTS[1], proposer, budget=r["budget"], max_new_tokens=NEW)
         assert r["tau"] == pytest.approx(res.tau) and r["new_tokens"] == NEW
     code, out, err = run_cli(capsys, "replay", "--prompts-file", str(prompts), "--methods", "lookup",
                              "--cache", str(tmp_path))
-    assert code == 2 and "head methods" in err
+    assert code == 2 and "unknown head method" in err
 
 
 def test_cli_bench_out_resumes(smol, capsys, tmp_path):

@@ -11,12 +11,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from jetflow.cli import build_parser, main
-from jetflow.cli_extra import train_config
+from jetflow.cli import train_config
 from jetflow.head import DraftHead
 from jetflow.target import Target
-from jetflow.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, depth_accuracy,
-                           curriculum_weights, depth_weights, draft_vocabulary, evaluate, lr_factor, masked_mean, sample_anchors,
-                           sequence_loss, simulated_tau, slot_losses, slot_targets, train)
+from jetflow.metrics import simulated_tau
+from jetflow.objective import curriculum_weights, depth_accuracy, depth_weights, masked_mean, slot_losses, slot_targets
+from jetflow.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, draft_vocabulary, evaluate,
+                           lr_factor, sample_anchors, sequence_loss, train)
 from fakes import ByteTokenizer, tiny_model
 
 V = 211
@@ -110,12 +111,6 @@ def test_lr_schedule_warms_up_then_decays_to_zero():
     f = [lr_factor(s, 100, 0.1) for s in range(100)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(f[9:], f[10:])) and lr_factor(100, 100, 0.1) == pytest.approx(0.0)
-
-
-def test_simulated_tau_formula():
-    assert simulated_tau([0.5, 0.5, 0.0]) == pytest.approx(1 + 0.5 + 0.25)
-    assert simulated_tau([1.0] * 15) == pytest.approx(16.0)
-    assert simulated_tau([0.0, 1.0]) == pytest.approx(1.0)
 
 
 def test_depth_accuracy_counts_valid_slots_only():

@@ -1,9 +1,13 @@
 import itertools
+import math
 
 import pytest
 import torch
 
-from jetflow.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain, merge, positions
+from fakes import random_profile
+
+from jetflow.tree import (AcceptanceProfile, Tree, accum_logp, ancestor_mask, best_prefix, calibrated_prefix, chain,
+                          merge, positions, profile_caps, profile_prefix, top2gap)
 
 
 def ref_ancestors(parents):
@@ -151,3 +155,133 @@ def test_merge_rejects_bad_input():
         merge(one, Tree.from_lists([3, 2], [-1, 0]), 4)
     with pytest.raises(ValueError, match="budget must be >= 1"):
         merge(one, one, 0)
+
+
+# ---------------------------------------------------------------- builders beyond the paper
+# Each is checked against brute force: every prefix (a sequence of ranks, one per depth) of a small
+# (D, V) table, kept when the builder's caps allow it and scored by its own per-node gain; the tree
+# must hold exactly the `budget` best scores, and each node's score must be its parent's plus its gain.
+
+
+def ranked(logp):
+    """(D, V) -> per depth the token ids and log-probs in descending order (ties: lower id first)."""
+    order = [sorted(range(logp.shape[1]), key=lambda v: (-logp[d, v].item(), v)) for d in range(logp.shape[0])]
+    return order, [[logp[d, v].item() for v in order[d]] for d in range(logp.shape[0])]
+
+
+def brute_force_scores(depths, vocab, allowed, gain, budget):
+    """The `budget` best scores over rank sequences r_1..r_L (L = 1..depths) that `allowed` keeps;
+    gain(d, r, off) is a node's gain given whether some earlier rank was non-zero."""
+    scores = []
+    for length in range(1, depths + 1):
+        for seq in itertools.product(range(vocab), repeat=length):
+            if allowed(seq):
+                scores.append(sum(gain(d + 1, r, any(x > 0 for x in seq[:d])) for d, r in enumerate(seq)))
+    return sorted(scores, reverse=True)[:budget]
+
+
+def node_ranks(tree, order):
+    """Each node's rank sequence from the root (its tokens looked up in the depth's ranking)."""
+    seqs = []
+    for i in range(1, len(tree)):
+        path = tree.path_to(i)[1:]
+        seqs.append(tuple(order[tree.depth[j].item() - 1].index(tree.tokens[j].item()) for j in path))
+    return seqs
+
+
+def check_against_brute_force(tree, logp, budget, allowed, gain):
+    order, _ = ranked(logp)
+    depths, vocab = logp.shape
+    want = brute_force_scores(depths, vocab, allowed, gain, budget)
+    assert tree.budget == len(want)
+    assert sorted(tree.score[1:].tolist(), reverse=True) == pytest.approx(want, abs=1e-5)
+    for i, seq in enumerate(node_ranks(tree, order), start=1):
+        assert allowed(seq)
+        off = any(x > 0 for x in seq[:-1])
+        parent = tree.parents[i].item()
+        assert tree.score[i].item() == pytest.approx(tree.score[parent].item() + gain(len(seq), seq[-1], off), abs=1e-5)
+    assert all(0 <= p < i for i, p in enumerate(tree.parents.tolist()) if i)
+
+
+def ref_top2gap_caps(logp, width, beta=1.0, g0=1.0):
+    _, lps = ranked(logp)
+    return [max(1, round(width / (1 + math.exp(beta * ((row[0] - row[1]) - g0))))) for row in lps]
+
+
+@pytest.mark.parametrize("seed,budget,width", [(0, 1, 3), (1, 8, 4), (2, 30, 5), (3, 200, 6), (4, 17, 2)])
+def test_top2gap_is_best_prefix_under_gap_caps(seed, budget, width):
+    logp = random_logp(3, 6, seed) * (0.3 + seed / 3)  # flatter and sharper rows: the caps differ per depth
+    caps = ref_top2gap_caps(logp, width)
+    _, lps = ranked(logp)
+    tree = top2gap(logp, budget, root=9, width=width)
+    check_against_brute_force(tree, logp, budget, lambda seq: all(r < min(caps[d], width) for d, r in enumerate(seq)),
+                              lambda d, r, off: lps[d - 1][r])
+    assert tree.tokens[0].item() == 9
+
+
+def test_top2gap_cap_follows_the_gap():
+    flat = torch.zeros(2, 10).log_softmax(-1)                    # gap 0: round(8 * sigmoid(1)) = 6 children
+    sharp = torch.tensor([[0.0] + [-20.0] * 9] * 2).log_softmax(-1)  # gap 20: one child, a chain
+    assert top2gap(flat, 50, root=0, width=8).children()[0].__len__() == 6
+    assert top2gap(sharp, 50, root=0, width=8).parents.tolist() == [-1, 0, 1]
+
+
+def ref_calibrated_gain(profile, lps):
+    edges = profile.edges.tolist()
+
+    def gain(d, r, off):
+        lp = min(lps[d - 1][r], 0.0)
+        b = max(i for i in range(len(edges) - 1) if lp >= edges[i] or i == 0)
+        return math.log(max(profile.calibrated[int(off), min(d, profile.depths) - 1, b].item(), 1e-9))
+    return gain
+
+
+@pytest.mark.parametrize("seed,budget", [(0, 1), (1, 9), (2, 40), (3, 120)])
+def test_calibrated_prefix_is_best_prefix_under_measured_acceptance(seed, budget):
+    logp = random_logp(3, 5, seed)
+    profile = random_profile(2, 4, seed)                         # fewer depths than logp: the last one repeats
+    _, lps = ranked(logp)
+    tree = calibrated_prefix(logp, budget, root=0, profile=profile)
+    check_against_brute_force(tree, logp, budget, lambda seq: True, ref_calibrated_gain(profile, lps))
+
+
+def ref_profile_caps(profile, budget, depths):
+    """Caps by brute force: the budget best rank prefixes under the rank rates, then children counted."""
+    n_rank = profile.rank.shape[-1]
+    rate = lambda d, r, off: math.log(max(profile.rank[int(off), min(d, profile.depths) - 1, r].item(), 1e-9))
+    seqs = [s for L in range(1, depths + 1) for s in itertools.product(range(n_rank), repeat=L)]
+    score = {s: sum(rate(d + 1, r, any(x > 0 for x in s[:d])) for d, r in enumerate(s)) for s in seqs}
+    best = sorted(seqs, key=lambda s: -score[s])[:budget]
+    caps = torch.zeros(2, depths + 1, n_rank, dtype=torch.long)
+    caps[0, :, 0] = 1
+    for node in [()] + best:
+        kids = sum(1 for s in best if s[:-1] == node)
+        off, d, r = int(any(x > 0 for x in node[:-1])), len(node), node[-1] if node else 0
+        caps[off, d, r] = max(int(caps[off, d, r]), kids)
+    return caps
+
+
+@pytest.mark.parametrize("seed,budget", [(0, 1), (1, 6), (2, 20), (3, 60)])
+def test_profile_caps_and_prefix_match_brute_force(seed, budget):
+    depths, n_rank = 3, 4
+    profile = random_profile(depths, n_rank, seed)
+    caps = profile_caps(profile, budget, depths)
+    assert torch.equal(caps, ref_profile_caps(profile, budget, depths))
+    logp = random_logp(depths, 6, seed)
+    _, lps = ranked(logp)
+
+    def allowed(seq):  # every node's rank below the cap of its parent's (depth, rank, spine state)
+        for d, r in enumerate(seq):
+            parent_rank = seq[d - 1] if d else 0
+            off = int(any(x > 0 for x in seq[:d - 1])) if d else 0
+            if r >= n_rank or r >= caps[off, d, parent_rank]:
+                return False
+        return True
+    tree = profile_prefix(logp, budget, root=0, profile=profile)
+    check_against_brute_force(tree, logp, budget, allowed, lambda d, r, off: lps[d - 1][r])
+
+
+@pytest.mark.parametrize("builder", [calibrated_prefix, profile_prefix])
+def test_profile_builders_need_a_profile(builder):
+    with pytest.raises(ValueError, match="needs an acceptance profile"):
+        builder(random_logp(3, 5, 0), 4, root=0)

@@ -79,8 +79,8 @@ def test_sample_match_first_token_follows_the_target(small_vocab_target):
     tree = RandomProposer(6, depths=3, width=3).propose(RandomProposer(6).start(ids), [1, 2, 3], None, 6)
     cache = small_vocab_target.new_cache()
     small_vocab_target.forward(ids[:-1], cache)
-    from jetflow.decode import _verify
-    _, step = _verify(small_vocab_target, tree, cache, ())
+    from jetflow.decode import verify_step
+    _, step = verify_step(small_vocab_target, tree, cache, ())
     got = wt.sample_match(tree, step.logits, 1.0, 4000, seed=0)
     expected = torch.softmax(step.logits[0], -1)
     assert got["expected"] == pytest.approx(expected.tolist())

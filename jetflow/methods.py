@@ -1,0 +1,128 @@
+"""The method registry: every decoding method of the kit, one frozen entry each, in report order.
+
+Everything that lists methods reads this table: ``make_proposer``, the bench (which methods take a
+budget, which run transformers' own ``generate``), replay (the head methods), the report's row order,
+the command line's choices and help, and the package docstring. Adding a method is one entry here
+plus, when no existing proposer drafts it, its proposer:
+
+    Method("jetflow-chain", "causal head + chain: only the argmax path", head="jetflow", builder="chain",
+           beyond_paper=True)
+
+A head method names the kind of head it drafts with (``jetflow``: the causal head, ``dflash``: the
+bidirectional one; ``heads={kind: path}`` overrides the shipped head) and a tree builder of
+``jetflow.tree.BUILDERS``; ``lookup_merged`` merges prompt-lookup branches into that tree
+(``LookupMerged``). A training-free method builds its proposer from the target with ``proposer``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .proposers import LookupProposer, RandomProposer
+from .tree import BUILDERS
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    description: str                      # one line, shown in --help and the package docstring
+    head: str | None = None               # head kind it drafts with (jetflow | dflash); None: no head
+    builder: str | None = None            # tree builder of a head method (jetflow.tree.BUILDERS)
+    lookup_merged: bool = False           # prompt-lookup branches merged into the head's tree
+    budget_free: bool = False             # one row without a budget (no draft tree to size)
+    beyond_paper: bool = False            # not in the JetFlow paper: an ablation or an addition
+    hf_kwargs: tuple[tuple[str, object], ...] | None = None  # transformers generate's own loop, these kwargs
+    proposer: Callable | None = None      # target -> proposer, for a training-free method
+
+    def __post_init__(self):
+        if (self.head is None) != (self.builder is None):
+            raise ValueError(f"{self.name}: a head method needs both a head kind and a tree builder")
+        if self.builder is not None and self.builder not in BUILDERS:
+            raise ValueError(f"{self.name}: unknown tree builder {self.builder!r}")
+        if self.lookup_merged and self.head is None:
+            raise ValueError(f"{self.name}: only a head method merges lookup branches")
+
+    @property
+    def decodes(self) -> bool:
+        """Runs through ``jetflow.generate`` (everything but transformers' own generate)."""
+        return self.hf_kwargs is None
+
+
+_REGISTRY = (
+    Method("ar", "plain autoregressive decoding through the same loop: the reference", budget_free=True),
+    Method("hf", "transformers' own generate (greedy or sampling)", budget_free=True, hf_kwargs=()),
+    Method("hf-lookup", "transformers' generate with prompt_lookup_num_tokens=10", budget_free=True,
+           hf_kwargs=(("prompt_lookup_num_tokens", 10),)),
+    Method("lookup", "training-free n-gram prompt lookup: a trie of what followed earlier matches",
+           proposer=lambda target: LookupProposer()),
+    Method("random", "random per-depth distributions through accum_logp: a floor, almost nothing accepted",
+           proposer=lambda target: RandomProposer(target.config.vocab_size)),
+    Method("dflash", "bidirectional head + chain (DFlash)", head="dflash", builder="chain"),
+    Method("ddtree", "bidirectional head + best_prefix (DDTree)", head="dflash", builder="best_prefix"),
+    Method("jetflow", "causal head + accum_logp (JetFlow's Algorithm 1)", head="jetflow", builder="accum_logp"),
+    Method("jetflow-bp", "causal head + best_prefix: tells the head's share of a JetFlow/DDTree gap from "
+           "the tree builder's", head="jetflow", builder="best_prefix", beyond_paper=True),
+    Method("jetflow-chain", "causal head + chain: only its argmax path, against dflash's chain", head="jetflow",
+           builder="chain", beyond_paper=True),
+    Method("jetflow-t2g", "causal head + top2gap: best prefixes under a child cap per depth from its top-1/top-2 "
+           "gap", head="jetflow", builder="top2gap", beyond_paper=True),
+    Method("jetflow-cal", "causal head + calibrated_prefix: best prefixes by the acceptance measured for the "
+           "head's log-prob, depth and spine state (acceptance_profile.json)", head="jetflow",
+           builder="calibrated_prefix", beyond_paper=True),
+    Method("jetflow-profile", "causal head + profile_prefix: per-(depth, rank) child caps from the acceptance "
+           "profile, filled by head log-prob", head="jetflow", builder="profile_prefix", beyond_paper=True),
+    Method("ddtree+lookup", "ddtree's tree with prompt-lookup branches merged in", head="dflash",
+           builder="best_prefix", lookup_merged=True, beyond_paper=True),
+    Method("jetflow+lookup", "jetflow's tree with prompt-lookup branches merged in", head="jetflow",
+           builder="accum_logp", lookup_merged=True, beyond_paper=True),
+    Method("jetflow-bp+lookup", "jetflow-bp's tree with prompt-lookup branches merged in", head="jetflow",
+           builder="best_prefix", lookup_merged=True, beyond_paper=True),
+    Method("jetflow-t2g+lookup", "jetflow-t2g's tree with prompt-lookup branches merged in", head="jetflow",
+           builder="top2gap", lookup_merged=True, beyond_paper=True),
+    Method("jetflow-cal+lookup", "jetflow-cal's tree with prompt-lookup branches merged in", head="jetflow",
+           builder="calibrated_prefix", lookup_merged=True, beyond_paper=True),
+    Method("jetflow-profile+lookup", "jetflow-profile's tree with prompt-lookup branches merged in", head="jetflow",
+           builder="profile_prefix", lookup_merged=True, beyond_paper=True),
+)
+METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}
+HEAD_KINDS = tuple(dict.fromkeys(m.head for m in _REGISTRY if m.head))  # ("dflash", "jetflow")
+
+
+def method(name: str) -> Method:
+    """The registry entry of ``name``; ValueError naming every method otherwise."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def names(where: Callable[[Method], bool] = lambda m: True) -> tuple[str, ...]:
+    """Registered method names (in report order) whose entry satisfies ``where``."""
+    return tuple(m.name for m in _REGISTRY if where(m))
+
+
+def check(given: Iterable[str], where: Callable[[Method], bool] = lambda m: True, what: str = "method") -> None:
+    """ValueError naming the entries of ``given`` that are not registered methods satisfying ``where``."""
+    given, allowed = list(given), names(where)
+    bad = [m for m in given if m not in allowed]
+    if len(bad) == 1 and len(given) == 1:
+        raise ValueError(f"unknown {what} {bad[0]!r}; choose from {', '.join(allowed)}")
+    if bad:
+        raise ValueError(f"unknown {what}(s) {bad}; choose from {', '.join(allowed)}")
+
+
+def head_path(name: str, heads: dict[str, str] | None) -> str | None:
+    """The head directory or hub id a head method reads from ``heads`` (head kind -> path), else None."""
+    kind = method(name).head
+    return (heads or {}).get(kind) if kind else None
+
+
+def help_text(where: Callable[[Method], bool] = lambda m: True) -> str:
+    """``a, b or c``: the names for a command-line help string."""
+    listed = names(where)
+    return listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " or " + listed[-1]
+
+
+def describe() -> str:
+    """One line per method, ``name: description`` (marked when beyond the paper), for docstrings."""
+    return "\n".join(f"- ``{m.name}``: {m.description}" + (" (beyond the paper)" if m.beyond_paper else "")
+                     for m in _REGISTRY)

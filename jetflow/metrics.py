@@ -1,0 +1,108 @@
+"""Row statistics, pure: what a bench or a replay reports of a list of rounds, and the ratios between rows.
+
+tau = mean tokens committed per round including the bonus token (the one definition every module uses);
+per-depth acceptance, verify tokens, throughput and speedup (totals over the same prompts, then the
+ratio), the simulated tau of training's per-depth accuracies, and the predicted speedups of an
+auto-budget run. Nothing here touches a model: ``tests/test_metrics.py`` checks it on hand-made rounds.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # for the annotations only: metrics imports no other jetflow module
+    from .journal import PromptRun
+    from .decode import Round
+
+
+@dataclass(frozen=True)
+class RoundStat:
+    """What the row statistics need of one round: a ``Round`` without its tree (small enough to journal)."""
+    committed: int   # tokens committed, bonus included
+    accepted: int    # draft tokens accepted
+    verified: int    # tree nodes the target verified, root included
+    deepest: int     # deepest drafted depth (0 for the root alone)
+    chances: int     # leading accepted nodes, root first, that had a drafted child
+
+    @classmethod
+    def of(cls, r: Round | RoundStat) -> RoundStat:
+        if isinstance(r, RoundStat):
+            return r
+        parents = set(r.tree.parents.tolist())
+        chances = next((i for i, node in enumerate(r.path) if node not in parents), len(r.path))
+        return cls(len(r.committed), r.accepted, len(r.tree), int(r.tree.depth.max()), chances)
+
+
+def tau(rounds: Sequence[Round | RoundStat]) -> float | None:
+    """Mean tokens committed per round, bonus included; None without rounds (hf)."""
+    return sum(RoundStat.of(r).committed for r in rounds) / len(rounds) if rounds else None
+
+
+def tau_hist(rounds: Sequence[Round | RoundStat]) -> dict[int, int]:
+    """Tokens committed in a round -> number of such rounds, ascending."""
+    return dict(sorted(Counter(RoundStat.of(r).committed for r in rounds).items()))
+
+
+def depth_accept(rounds: Sequence[Round | RoundStat]) -> list[float | None]:
+    """Entry d-1: of the rounds that accepted depth d-1 and drafted a child of that accepted node,
+    the fraction that accepted depth d (None where no round had that chance)."""
+    stats = [RoundStat.of(r) for r in rounds]
+    deepest = max((s.deepest for s in stats), default=0)
+    tried, hit = [0] * deepest, [0] * deepest
+    for s in stats:
+        for d in range(1, min(s.chances, deepest) + 1):
+            tried[d - 1] += 1
+            hit[d - 1] += s.accepted >= d
+    return [h / t if t else None for h, t in zip(hit, tried)]
+
+
+def verify_tokens(rounds: Sequence[Round | RoundStat]) -> float | None:
+    """Mean tokens the target verified per round (tree nodes including the root)."""
+    return sum(RoundStat.of(r).verified for r in rounds) / len(rounds) if rounds else None
+
+
+def throughput(tokens: int, seconds: float) -> float | None:
+    """Tokens per second; None when nothing was timed (e.g. max_new_tokens=1 leaves no round)."""
+    return tokens / seconds if seconds > 0 else None
+
+
+def speedup(tokens: int, seconds: float, ar_tokens: int, ar_seconds: float) -> float | None:
+    """(tokens / seconds) / (ar_tokens / ar_seconds): totals over the same prompts, then the ratio."""
+    rate, ar_rate = throughput(tokens, seconds), throughput(ar_tokens, ar_seconds)
+    return rate / ar_rate if rate is not None and ar_rate else None
+
+
+def round_stats(rounds: Sequence[Round | RoundStat]) -> dict:
+    """The per-round statistics of a row: tau, its histogram, per-depth acceptance, verify tokens."""
+    return {"tau": tau(rounds), "tau_hist": tau_hist(rounds), "depth_accept": depth_accept(rounds),
+            "verify_tokens": verify_tokens(rounds)}
+
+
+def summarize(runs: Sequence[PromptRun], ar_runs: Sequence[PromptRun]) -> dict:
+    """Row statistics of one configuration against the AR runs of the same prompts."""
+    rounds = [r for run in runs for r in run.rounds]
+    tokens, secs = sum(r.decode_tokens for r in runs), sum(r.decode_s for r in runs)
+    ar_tokens, ar_secs = sum(r.decode_tokens for r in ar_runs), sum(r.decode_s for r in ar_runs)
+    prefill = [r.prefill_s for r in runs]
+    return {"n_prompts": len(runs), "new_tokens": sum(len(r.tokens) for r in runs), **round_stats(rounds),
+            "prefill_s": None if None in prefill else sum(prefill), "decode_s": secs,
+            "tokens_per_s": throughput(tokens, secs), "speedup": speedup(tokens, secs, ar_tokens, ar_secs),
+            "identical_to_ar": sum(a.tokens == b.tokens for a, b in zip(runs, ar_runs))}
+
+
+def simulated_tau(acc) -> float:
+    """1 + sum_k prod_{i<=k} acc_i (docs/method.md, Training)."""
+    return 1.0 + float(torch.tensor(acc, dtype=torch.float64).cumprod(0).sum())
+
+
+def predicted_speedups(rows: Sequence[dict]) -> list[float | None]:
+    """Each row's predicted tokens/s over the predicted AR tokens/s of its dataset (None where either is
+    missing). Both predictions come from one cost table timed in one go, so machine load, which shifts
+    predicted and measured tokens/s alike, cancels: this is the number to hold against ``speedup``."""
+    ar = {r["dataset"]: r.get("predicted_tokens_per_s") for r in rows if r["method"] == "ar"}
+    return [r["predicted_tokens_per_s"] / ar[r["dataset"]]
+            if r.get("predicted_tokens_per_s") and ar.get(r["dataset"]) else None for r in rows]

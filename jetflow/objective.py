@@ -1,0 +1,76 @@
+"""The training objective, pure tensors: which position each block slot predicts, the per-slot loss
+(forward KL to the target's distribution, or cross-entropy on the regenerated token), depth weights and
+their curriculum, the weighted mean over valid slots, per-depth accuracy, and the draft-vocabulary columns
+of token ids. ``train.py`` runs the head and the target; everything here is checked on hand-made tensors.
+
+Shapes: A anchors (blocks), D depths per block, S sequence tokens, K draft vocabulary (K = V without one).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # annotations only
+    from .head import DraftHead
+    from .train import TrainConfig
+
+
+def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:
+    """(D,) w_k = exp(-(k-1)/gamma) for depths k = 1..D; gamma 0 = uniform."""
+    if gamma == 0:
+        return torch.ones(n_depths)
+    return torch.exp(-torch.arange(n_depths, dtype=torch.float32) / gamma)
+
+
+def curriculum_weights(n_depths: int, cfg: TrainConfig, step: int) -> torch.Tensor:
+    """(D,) depth weights at ``step``: gamma's, or with ``gamma_start`` a linear blend that moves from
+    gamma_start's weights to gamma's over the first ``curriculum`` fraction of the steps. Early in
+    training the deep, nearly unpredictable depths otherwise swamp depth 1 (docs/field-notes.md)."""
+    final = depth_weights(n_depths, cfg.gamma)
+    if cfg.gamma_start is None:
+        return final
+    s = min(1.0, step / max(1.0, cfg.curriculum * cfg.steps))
+    return (1 - s) * depth_weights(n_depths, cfg.gamma_start) + s * final
+
+
+def slot_targets(anchors: torch.Tensor, seq_len: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """pos (A, D) = anchor + k, the position slot k predicts (clamped); valid (A, D) = pos < seq_len."""
+    pos = anchors[:, None] + torch.arange(1, block_size, device=anchors.device)
+    return pos.clamp(max=seq_len - 1), pos < seq_len
+
+
+def slot_losses(logits: torch.Tensor, pos: torch.Tensor, kind: str, ids: torch.Tensor,
+                teacher_logits: torch.Tensor | None = None) -> torch.Tensor:
+    """(A, D) loss of logits (A, D, K); slot (b, k) predicts ids[pos[b, k]], ids given as columns of
+    the logits (draft-vocabulary indices). "ce": -log q(ids[pos]); "kl": KL(p || q), p = the teacher at
+    pos - 1 (teacher_logits (S, K), same columns). The teacher's softmax and entropy are taken once per
+    position (S rows), not once per slot (A*D rows, ~2.7x more here)."""
+    logq = torch.log_softmax(logits.float(), dim=-1)                                    # (A, D, V)
+    if kind == "ce":
+        return -logq.gather(-1, ids[pos][..., None])[..., 0]
+    logp = torch.log_softmax(teacher_logits.float(), dim=-1)                            # (S, V)
+    p = logp.exp()
+    return (p * logp).sum(-1)[pos - 1] - (p[pos - 1] * logq).sum(-1)
+
+
+def masked_mean(per_slot: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Depth-weighted mean over valid slots; invalid slots (even NaN ones) contribute nothing."""
+    w = weights.to(per_slot.device)[None] * valid                                       # (A, D)
+    return torch.where(valid, per_slot, 0.0).mul(w).sum() / w.sum().clamp(min=1e-12)
+
+
+def depth_accuracy(pred: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """pred, truth, valid (A, D) -> correct (D,), count (D,) over valid slots."""
+    return ((pred == truth) & valid).sum(0), valid.sum(0)
+
+
+def draft_columns(head: DraftHead, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids -> (column in the head's draft vocabulary, clamped to 0 outside it; in-vocabulary mask)."""
+    vocab = head.vocab
+    if vocab is None:
+        return ids, torch.ones_like(ids, dtype=torch.bool)
+    index = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
+    index[vocab.to(ids.device)] = torch.arange(vocab.numel(), device=ids.device)
+    cols = index[ids]
+    return cols.clamp(min=0), cols >= 0

@@ -1,0 +1,252 @@
+"""Acceptance profiles: where in a tree the target actually accepts the causal head's drafts.
+
+Greedy acceptance of a node depends only on the target's continuation (see ``replay``), so one pass of
+the head over every anchor of an answer (``replay.draft_table``) tells, at each anchor and depth d, the
+rank of the true next token in the head's sorted row (``truth_ranks``). A node at depth d is reached
+when its path is the true one, so the profile counts, for every depth reached through ranks below R and
+by whether that path stayed on the argmax spine (all rank 0) or left it:
+
+- ``rank``: how often the rank-r token is the accepted one (the (depth, rank) heatmap),
+- ``calibrated``: how often a token with head log-prob in bin e is (the head's confidence, calibrated).
+
+``profile_for_head`` measures it on held-out TRAINING prompts (``heldout_prompts``: drawn after the
+prompts the shipped heads trained on, never a benchmark) and saves ``acceptance_profile.json`` beside
+the head, which ``make_proposer`` loads with it (the ``jetflow-cal`` and ``jetflow-profile`` builders
+need it). ``diagnosis_rows`` are the same counts as rows, on any traces (the spine/off-spine table):
+
+    python -m jetflow profile --n 48 --out data/heads/smollm2-135m-jetflow
+    python -m jetflow diagnose --datasets gsm8k,math500 --limit 20 --out data/results/cpu-diagnosis
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .flags import option
+from .tree import AcceptanceProfile
+
+PROFILE_FILE = "acceptance_profile.json"
+# head log-prob bin edges (the first bin is everything below -12): finer where the accepted mass is
+EDGES = (-12.0, -10.0, -8.0, -7.0, -6.0, -5.0, -4.5, -4.0, -3.5, -3.0, -2.5, -2.0, -1.75, -1.5, -1.25, -1.0,
+         -0.75, -0.5, -0.3, -0.15, -0.05, 0.0)
+STATES = ("spine", "off_spine", "after_sibling")  # path so far all argmax / not / the parent itself not argmax
+
+
+def truth_ranks(ids: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+    """(A, D) long: rank of the true depth-d token in the head's row at anchor a, from the (A, D, K) drafted
+    ids of ``draft_table`` (sorted best first); K when it is not among them, -1 past the answer's end."""
+    a, d, k = ids.shape
+    tok = torch.tensor(list(tokens), dtype=torch.long)
+    idx = torch.arange(a)[:, None] + torch.arange(1, d + 1)[None]       # (A, D) output index of depth d
+    valid = idx < tok.numel()
+    truth = tok[idx.clamp(max=tok.numel() - 1)]                           # (A, D)
+    match = ids == truth[..., None]                                       # (A, D, K)
+    rank = torch.where(match.any(-1), match.float().argmax(-1), torch.full_like(truth, k))
+    return torch.where(valid, rank, torch.full_like(rank, -1))
+
+
+def path_states(ranks: torch.Tensor, n_rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For (A, D) truth ranks: ``reached`` (A, D) bool (every shallower depth's true token ranks below
+    ``n_rank``, so a tree of the top ``n_rank`` per depth holds the parent), ``off`` (A, D) bool (one of
+    them is not the argmax) and ``after`` (A, D) bool (the parent itself is not the argmax)."""
+    ok = (ranks >= 0) & (ranks < n_rank)
+    ones = torch.ones_like(ok[:, :1])
+    reached = torch.cat([ones, ok[:, :-1]], 1).cumprod(1).bool() & (ranks >= 0)
+    nonzero = ranks > 0
+    off = torch.cat([~ones, nonzero[:, :-1]], 1).cummax(1).values
+    after = torch.cat([~ones, nonzero[:, :-1]], 1)
+    return reached, off, after
+
+
+@dataclass
+class Counts:
+    """Acceptance counts over many anchors (``add`` one trace's drafts at a time)."""
+    depths: int
+    n_rank: int
+    reached: torch.Tensor = None   # (3, D) anchors whose depth-d parent is reached, per state (STATES)
+    hits: torch.Tensor = None      # (3, D, R) ... whose true token has rank r
+    bin_total: torch.Tensor = None  # (2, D, E) candidates of rank < R in head log-prob bin e (spine, off)
+    bin_hits: torch.Tensor = None  # (2, D, E) ... of them accepted
+
+    def __post_init__(self):
+        e = len(EDGES)
+        self.reached = torch.zeros(3, self.depths, dtype=torch.long)
+        self.hits = torch.zeros(3, self.depths, self.n_rank, dtype=torch.long)
+        self.bin_total = torch.zeros(2, self.depths, e, dtype=torch.long)
+        self.bin_hits = torch.zeros(2, self.depths, e, dtype=torch.long)
+
+    def add(self, logp: torch.Tensor, ids: torch.Tensor, tokens: Sequence[int]) -> None:
+        """One trace: ``logp`` and ``ids`` (A, D, K) from ``draft_table``, ``tokens`` its answer."""
+        ranks = truth_ranks(ids, tokens)                                  # (A, D)
+        reached, off, after = path_states(ranks, self.n_rank)
+        bins = torch.bucketize(logp[..., :self.n_rank].float().clamp(max=0.0), torch.tensor(EDGES[:-1]),
+                               right=True)                                # (A, D, R) in 0..E-1
+        hit = ranks[..., None] == torch.arange(self.n_rank)               # (A, D, R)
+        for s, where in enumerate((reached & ~off, reached & off, reached & after)):
+            self.reached[s] += where.sum(0)
+            self.hits[s] += (hit & where[..., None]).sum(0)
+            if s < 2:
+                sel = where[..., None].expand_as(bins)
+                for d in range(self.depths):
+                    b, h = bins[:, d][sel[:, d]], hit[:, d][sel[:, d]]
+                    self.bin_total[s, d] += torch.bincount(b, minlength=len(EDGES))
+                    self.bin_hits[s, d] += torch.bincount(b[h], minlength=len(EDGES))
+
+    def profile(self, prior: float = 1.0) -> AcceptanceProfile:
+        """Rates, made monotone: per rank non-increasing in r (a running min), per bin non-decreasing in
+        the head's log-prob (a running max), each bin shrunk toward its own head probability with
+        ``prior`` pseudo-candidates so a sparse bin reads as what the head claims."""
+        rank = self.hits[:2].float() / self.reached[:2, :, None].clamp(min=1)   # (2, D, R)
+        rank = rank.cummin(-1).values
+        lo = torch.tensor((EDGES[0] - 2.0,) + EDGES[:-1])                        # (E,) each bin's lower edge
+        mid = ((lo + torch.tensor(EDGES)) / 2).exp()                             # (E,) its middle probability
+        cal = (self.bin_hits.float() + prior * mid) / (self.bin_total.float() + prior)
+        cal = cal.clamp(max=1.0).cummax(-1).values                               # (2, D, E)
+        edges = torch.tensor((-math.inf,) + EDGES)
+        return AcceptanceProfile(rank, edges, cal)
+
+
+def save_profile(profile: AcceptanceProfile, counts: Counts, folder: str | Path, provenance: dict) -> Path:
+    """``acceptance_profile.json`` in ``folder``: the rates, the counts they come from, and ``provenance``
+    (the command, the prompts, the head)."""
+    path = Path(folder) / PROFILE_FILE
+    body = {"rank": profile.rank.tolist(), "edges": profile.edges[1:].tolist(), "calibrated": profile.calibrated.tolist(),
+            "reached": counts.reached[:2].tolist(), "bin_total": counts.bin_total.tolist(),
+            "provenance": provenance}
+    path.write_text(json.dumps(body) + "\n")
+    return path
+
+
+def load_profile(folder: str | Path | None) -> AcceptanceProfile | None:
+    """The profile saved beside a head (None when ``folder`` is not a directory or holds none)."""
+    path = Path(folder) / PROFILE_FILE if folder is not None else None
+    if path is None or not path.is_file():
+        return None
+    body = json.loads(path.read_text())
+    return AcceptanceProfile(torch.tensor(body["rank"]), torch.tensor([-math.inf] + body["edges"]),
+                             torch.tensor(body["calibrated"]))
+
+
+def heldout_prompts(n: int, *, after: int = 3030, seed: int = 0, data_dir=None) -> list[dict]:
+    """``n`` training prompts the shipped heads never saw: ``training_prompts(after + n)`` minus the
+    ``after`` they were regenerated from (a larger draw keeps a smaller one's prompts)."""
+    from .data import training_prompts
+    seen = {p["id"] for p in training_prompts(after, seed=seed, data_dir=data_dir)}
+    return [p for p in training_prompts(after + n, seed=seed, data_dir=data_dir) if p["id"] not in seen]
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """``python -m jetflow profile``: the causal head's acceptance profile from held-out training prompts."""
+    n: int = option(48, "held-out training prompts (drawn after the heads' own)")
+    after: int = option(3030, "training prompts the head was trained on (training_prompts(after))")
+    max_new_tokens: int = option(256, "new tokens per answer")
+    max_prompt_tokens: int = option(256, "longer prompts are skipped")
+    ranks: int = option(32, "ranks R per depth the profile keeps")
+    batch_size: int = option(8, "prompts per batched greedy answer")
+    out: str | None = option(None, "head folder to write acceptance_profile.json into (default: the shipped causal head)")
+    head: str | None = option(None, "head directory to profile (default: --out)")
+    data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
+
+
+def counts_of(proposer, traces, n_rank: int, progress: bool = False) -> Counts:
+    """Counts over ``traces`` (``replay.Trace``) with ``proposer``'s head (fp32 drafts, like replay)."""
+    from tqdm.auto import tqdm
+
+    from .replay import draft_table
+    counts = Counts(proposer.head.config.block_size - 1, n_rank)
+    for t in tqdm(traces, desc="profile", disable=not progress, leave=False):
+        table = draft_table(proposer, t, max(n_rank, 2))
+        counts.add(table.logp, table.ids, t.tokens)
+    return counts
+
+
+def diagnosis_rows(counts: Counts, dataset: str, max_rank: int = 16) -> list[dict]:
+    """Rows of the spine/off-spine table (one per depth and state: how often the argmax is right, and
+    the top-4) and of the (depth, rank) heatmap (state ``spine`` / ``off_spine``, ranks < ``max_rank``)."""
+    rows = []
+    for s, state in enumerate(STATES):
+        for d in range(counts.depths):
+            n = int(counts.reached[s, d])
+            hits = counts.hits[s, d].tolist()
+            rows.append({"table": "spine", "dataset": dataset, "state": state, "depth": d + 1, "reached": n,
+                         "argmax_accept": hits[0] / n if n else None,
+                         "top4_accept": sum(hits[:4]) / n if n else None})
+            if s < 2:
+                rows += [{"table": "heatmap", "dataset": dataset, "state": state, "depth": d + 1, "rank": r,
+                          "reached": n, "accept": hits[r] / n if n else None} for r in range(min(max_rank, counts.n_rank))]
+    return rows
+
+
+def diagnosis_markdown(rows: Sequence[dict]) -> str:
+    """Argmax acceptance per depth, on the spine / off it / right after a sibling, one line per dataset and state."""
+    spine = [r for r in rows if r["table"] == "spine"]
+    depths = sorted({r["depth"] for r in spine})
+    lines = ["| dataset | state | " + " | ".join(f"d={d}" for d in depths) + " |", "|---|---|" + "---|" * len(depths)]
+    for key in dict.fromkeys((r["dataset"], r["state"]) for r in spine):
+        cells = {r["depth"]: r for r in spine if (r["dataset"], r["state"]) == key}
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
+            "-" if cells[d]["argmax_accept"] is None else f"{cells[d]['argmax_accept']:.2f} ({cells[d]['reached']})"
+            for d in depths) + " |")
+    return "\n".join(lines) + ("\n\nP(the depth-d argmax is the target's token | the true path to depth d-1 is among "
+                               "the top-32 per depth), by the ranks of that path: spine = all argmax, off_spine = "
+                               "not, after_sibling = its last token is not the argmax; (anchors reached)\n")
+
+
+def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
+    """Answer ``cfg.n`` held-out training prompts greedily (batched, fp32, resumable in the jetflow
+    cache), count the causal head's acceptance on them, save the profile beside the head."""
+    from .data import cache_dir, load_regenerated, regenerate
+    from .flags import command_line
+    from .proposers import make_proposer, shipped_head_dir
+    from .provenance import environment
+    from .replay import Trace
+    from .target import load_target
+    out = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
+    target = load_target(None, dtype="float32")
+    prompts = heldout_prompts(cfg.n, after=cfg.after, data_dir=cfg.data_dir)
+    answers = cache_dir() / "replay" / f"heldout-after{cfg.after}-n{cfg.n}-{cfg.max_new_tokens}.jsonl"
+    regenerate(target, prompts, answers, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+               max_prompt_tokens=cfg.max_prompt_tokens, progress=progress)
+    traces = [Trace("training", r["id"], r["prompt_ids"], r["response_ids"], cfg.max_new_tokens)
+              for r in load_regenerated(answers) if len(r["response_ids"]) > 1]
+    proposer = make_proposer("jetflow", target, head=cfg.head or str(out), draft_dtype=torch.float32)
+    counts = counts_of(proposer, traces, cfg.ranks, progress)
+    command = command_line(cfg, ProfileConfig(), ["python", "-m", "jetflow", "profile"], skip=("data_dir",),
+                           always=("n", "max_new_tokens", "ranks"))
+    provenance = {"command": command, "prompts": [t.id for t in traces], "anchors": sum(len(t.tokens) - 1 for t in traces),
+                  "answers": "greedy, batched (left-padded), fp32 target; drafts fp32", **environment(target)}
+    return save_profile(counts.profile(), counts, out, provenance)
+
+
+@dataclass(frozen=True)
+class DiagnoseConfig:
+    """``python -m jetflow diagnose``: spine/off-spine acceptance and the (depth, rank) heatmap on benchmarks."""
+    datasets: tuple[str, ...] = option(("gsm8k", "math500", "humaneval", "mt_bench"), "comma list")
+    limit: int = option(20, "first N prompts of each dataset")
+    max_new_tokens: int = option(256, "new tokens of each AR answer (the replay cache's)")
+    ranks: int = option(32, "a path is reached when every token on it ranks below this")
+    data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
+
+
+def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
+    """Diagnosis rows per dataset (AR answers from the replay cache, shipped causal head, fp32)."""
+    from .data import cache_dir, load_prompts
+    from .proposers import make_proposer
+    from .provenance import environment
+    from .replay import ar_traces
+    from .target import load_target
+    target = load_target(None, dtype="float32")
+    proposer = make_proposer("jetflow", target, draft_dtype=torch.float32)
+    rows, env = [], environment(target)
+    for ds in cfg.datasets:
+        cache = cache_dir() / "replay" / f"ar-{target.name.replace('/', '--')}-{ds}.jsonl"
+        traces = ar_traces(target, load_prompts(ds, limit=cfg.limit, data_dir=cfg.data_dir), cfg.max_new_tokens,
+                           dataset=ds, cache=cache, progress=progress)
+        rows += [r | {"n_prompts": len(traces), **env} for r in diagnosis_rows(counts_of(proposer, traces, cfg.ranks), ds)]
+    return rows

@@ -1,0 +1,113 @@
+"""The results manifest: every committed folder under ``data/results/`` is one named entry here, its command
+and the renderer of its ``table.md``.
+
+    python -m jetflow results cpu-gsm8k-fp32-causal      # rerun it (resumable: the bench journals prompts)
+    python -m jetflow results --batches results          # the entries of `make results`, a batch per line
+    python -m jetflow results --render cpu-replay-tau    # rewrite table.md from the committed rows.json
+
+All CPU results: the embedded SmolLM2-135M, greedy, 256 new tokens, the first 20 prompts of each dataset,
+one torch thread per process. A group is what one ``make`` target reproduces; the entries of one batch
+run side by side (two single-thread processes on a 2-core machine), and a bench interleaves its methods
+prompt by prompt, so AR and the methods it is compared with always share a stretch of time.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .report import RESULTS, bench_markdown, replay_markdown
+
+COMMON = ("--limit", "20", "--max-new-tokens", "256")
+GRID_METHODS = "ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow"
+TREE_METHODS = "jetflow,jetflow-bp,ddtree,jetflow-t2g,jetflow-cal,jetflow-profile"
+TREES_LIMIT = 8  # prompts per dataset: the AR decodes (256 tokens each) that fitted one session on the shared 2-core CPU
+REPLAY_DATASETS = ("--datasets", "gsm8k,math500,humaneval,mt_bench", "--budgets", "8,16,32,64,128,255")
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str                        # the folder under data/results
+    argv: tuple[str, ...]            # python -m jetflow ARGV --out data/results/NAME
+    group: str                       # the make target that reproduces it: results | table | merged
+    batch: int                       # entries of a group with the same batch run side by side
+
+    @property
+    def renderer(self) -> Callable[[list[dict]], str]:
+        """rows -> the folder's table.md (the subcommand's own table)."""
+        from .profile import diagnosis_markdown
+        from .speed import to_markdown as speed_markdown
+        return {"replay": replay_markdown, "diagnose": diagnosis_markdown,
+                "speed": speed_markdown}.get(self.argv[0], bench_markdown)
+
+
+def _bench(name, group, batch, methods, dataset, budgets, dtype, *extra) -> Entry:
+    return Entry(name, ("bench", *COMMON, "--methods", methods, "--datasets", dataset, "--budgets", budgets,
+                        "--dtype", dtype, *extra), group, batch)
+
+
+def _pair(prefix, group, batch, methods, budgets, dtype) -> tuple[Entry, Entry]:
+    """One bench per dataset, GSM8K and MATH-500 side by side."""
+    return tuple(_bench(f"{prefix}-{ds}", group, batch, methods, ds, budgets, dtype) for ds in ("gsm8k", "math500"))
+
+
+ENTRIES: dict[str, Entry] = {e.name: e for e in (
+    # make results: replayed tau (fp32), decoded fp32 on GSM8K and MATH-500, bf16 speed with the auto
+    # budget beside every fixed candidate, the training-free baselines
+    Entry("cpu-replay-tau", ("replay", *COMMON, *REPLAY_DATASETS, "--widths", "4,7,10"), "results", 1),
+    _bench("cpu-gsm8k-fp32-causal", "results", 2, "ar,lookup,jetflow", "gsm8k", "16,64", "float32"),
+    _bench("cpu-gsm8k-fp32-bidir", "results", 2, "ar,ddtree,dflash", "gsm8k", "16,64", "float32"),
+    _bench("cpu-math500-fp32-causal", "results", 3, "ar,jetflow,jetflow-bp", "math500", "16", "float32"),
+    _bench("cpu-math500-fp32-bidir", "results", 3, "ar,ddtree,dflash", "math500", "16", "float32"),
+    *_pair("cpu-speed-bf16", "results", 4, "ar,jetflow,jetflow-bp", "8,16,32,auto", "bfloat16"),
+    *_pair("cpu-baselines-bf16", "results", 5, "ar,hf,hf-lookup,lookup", "16", "bfloat16"),
+    # make table: every method at budgets 16-255 on four datasets, bf16 (~1.5 h per dataset and core)
+    *(_bench(f"cpu-table-bf16-{ds}", "table", batch, GRID_METHODS, ds, "16,32,64,128,255", "bfloat16")
+      for batch, pair in ((1, ("gsm8k", "math500")), (2, ("humaneval", "mt_bench"))) for ds in pair),
+    # make merged (beyond the paper): the heads' trees with prompt-lookup branches merged in
+    *_pair("cpu-merged-bf16", "merged", 1, "ar,lookup,jetflow,jetflow+lookup,ddtree+lookup", "16,32", "bfloat16"),
+    *_pair("cpu-merged-fp32", "merged", 2, "ar,jetflow+lookup,ddtree+lookup", "16", "float32"),
+    *_pair("cpu-merged-auto-bf16", "merged", 3, "ar,jetflow+lookup", "8,16,32,auto", "bfloat16"),
+    # make results, beyond the paper: the causal head's own tree builders against DDTree (replayed), and
+    # where its drafts are accepted (on and off the argmax spine, per depth and rank)
+    Entry("cpu-replay-trees", ("replay", "--methods", TREE_METHODS, "--limit", str(TREES_LIMIT), "--max-new-tokens",
+                               "256", *REPLAY_DATASETS), "results", 6),
+    Entry("cpu-diagnosis", ("diagnose", "--limit", str(TREES_LIMIT), "--max-new-tokens", "256", "--datasets",
+                            "gsm8k,math500,humaneval,mt_bench"), "results", 6),
+    Entry("cpu-replay-tau-merged", ("replay", "--methods", "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup",
+                                    *COMMON, *REPLAY_DATASETS), "merged", 4),
+    # eager vs compiled vs llama.cpp (docs/compiled.md): its own settings (3 prompts, 64 tokens, 2 threads)
+    Entry("cpu-compiled", ("speed",), "compiled", 1),
+)}
+GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
+
+
+def entry(name: str) -> Entry:
+    if name not in ENTRIES:
+        raise ValueError(f"unknown result {name!r}; choose from {', '.join(ENTRIES)}")
+    return ENTRIES[name]
+
+
+def command(name: str, results: Path = RESULTS) -> list[str]:
+    """The ``python -m jetflow`` arguments that reproduce ``data/results/NAME``."""
+    return [*entry(name).argv, "--out", str(Path(results) / name)]
+
+
+def batches(group: str) -> list[list[str]]:
+    """The entry names of a group, batch by batch."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown group {group!r}; choose from {', '.join(GROUPS)}")
+    order: dict[int, list[str]] = {}
+    for e in ENTRIES.values():
+        if e.group == group:
+            order.setdefault(e.batch, []).append(e.name)
+    return [order[b] for b in sorted(order)]
+
+
+def render(name: str, results: Path = RESULTS) -> Path:
+    """Rewrite ``NAME/table.md`` from its committed ``rows.json`` with the entry's renderer."""
+    folder = Path(results) / name
+    rows = json.loads((folder / "rows.json").read_text())
+    (folder / "table.md").write_text(entry(name).renderer(rows))
+    return folder / "table.md"

@@ -1,0 +1,72 @@
+"""Tests for jetflow/results.py: every committed result folder has one manifest entry whose command and
+renderer reproduce what is committed (its rows' settings and its table.md)."""
+import json
+
+import pytest
+
+from jetflow import results
+from jetflow.bench import BenchConfig
+from jetflow.cli import build_parser, main
+from jetflow.flags import given
+from jetflow.profile import DiagnoseConfig
+from jetflow.replay import ReplayConfig
+from jetflow.report import RESULTS
+
+FOLDERS = sorted(p.name for p in RESULTS.iterdir() if p.is_dir())
+
+
+def test_every_committed_folder_has_one_entry():
+    assert sorted(results.ENTRIES) == FOLDERS
+
+
+def config_of(name):
+    args = build_parser().parse_args(results.command(name))
+    if args.command == "diagnose":
+        return DiagnoseConfig(**given(args, DiagnoseConfig))
+    cls = ReplayConfig if args.command == "replay" else BenchConfig
+    return BenchConfig.from_name("cpu", **given(args, cls)) if cls is BenchConfig else ReplayConfig(**given(args, cls))
+
+
+@pytest.mark.parametrize("name", FOLDERS)
+def test_the_entry_reproduces_the_committed_folder(name):
+    rows = json.loads((RESULTS / name / "rows.json").read_text())
+    assert results.command(name)[-2:] == ["--out", str(RESULTS / name)]
+    if results.entry(name).argv[0] == "speed":  # one setup row holds the run's settings
+        from jetflow import speed
+        args = build_parser().parse_args(results.command(name))
+        assert rows[0]["kind"] == "setup" and rows[0]["config"]["limit"] == speed.config_of(args).limit
+        assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
+        return
+    cfg = config_of(name)
+    if isinstance(cfg, DiagnoseConfig):
+        assert list(dict.fromkeys(r["dataset"] for r in rows)) == list(cfg.datasets)
+        assert {r["n_prompts"] for r in rows} == {cfg.limit} and {r["dtype"] for r in rows} == {"float32"}
+        assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
+        return
+    assert {r["method"] for r in rows} == set(cfg.methods) | ({"ar"} if isinstance(cfg, BenchConfig) else set())
+    assert list(dict.fromkeys(r["dataset"] for r in rows)) == list(cfg.datasets)
+    assert {r["budget"] for r in rows} - {None} == set(cfg.budgets)
+    assert {r["n_prompts"] for r in rows} == {cfg.limit}
+    assert {r["dtype"] for r in rows} == {getattr(cfg, "dtype", "float32")}
+    if isinstance(cfg, ReplayConfig):
+        assert {r["width"] for r in rows} - {None} == set(cfg.widths)
+    assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
+
+
+def test_batches_run_side_by_side_in_order(capsys):
+    assert results.batches("results")[:2] == [["cpu-replay-tau"], ["cpu-gsm8k-fp32-causal", "cpu-gsm8k-fp32-bidir"]]
+    assert sorted(n for b in results.batches("table") for n in b) == [n for n in FOLDERS if "-table-" in n]
+    assert main(["results", "--batches", "merged"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "cpu-replay-tau-merged"
+
+
+def test_render_rewrites_table_md_from_rows(tmp_path):
+    (tmp_path / "cpu-replay-tau").mkdir()
+    (tmp_path / "cpu-replay-tau" / "rows.json").write_text((RESULTS / "cpu-replay-tau" / "rows.json").read_text())
+    path = results.render("cpu-replay-tau", tmp_path)
+    assert path.read_text() == (RESULTS / "cpu-replay-tau" / "table.md").read_text()
+
+
+def test_unknown_names_are_clear_errors(capsys):
+    assert main(["results", "cpu-nope"]) == 2 and "unknown result 'cpu-nope'" in capsys.readouterr().err
+    assert main(["results", "--batches", "nope"]) == 2
