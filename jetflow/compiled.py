@@ -1,0 +1,228 @@
+"""A compiled target: ``torch.compile`` over one static KV cache, one graph per query length.
+
+On a CPU the verify pass of a few dozen tokens costs ~2 eager AR steps, much of it kernel overhead
+and unpacked weights rather than bytes. Inductor with ``freezing`` (weights constant-folded and
+prepacked for oneDNN) over transformers' ``StaticCache`` removes most of that; on CUDA the same
+graphs run as CUDA graphs (``mode="reduce-overhead"``).
+
+    target = load_target(None, compile=True)   # a CompiledTarget; same seam as Target
+    seconds = target.warmup()                  # {query size: first-call seconds (compile or cache hit)}
+    generate(target, prompt, proposer, budget=16)
+
+Shapes never change, so graphs never recompile: the cache always holds ``cache_len`` rows (rows past
+the live length are stale and masked), every query is padded up to the next of ``query_sizes``
+with masked pad nodes (a budget-16 tree is 17 tokens: exactly the 17 graph, AR is the 1 graph), and
+the mask always spans the whole cache, (1, 1, P, cache_len). Prefill (a forward on an empty cache)
+runs eager. Compaction (``StaticKV.keep_path``) moves the accepted rows like ``target.keep_path``
+does on a dynamic cache and sets the live length; nothing is reallocated.
+
+The compiled target owns ONE static cache: ``new_cache()`` resets it and returns a fresh handle,
+and an older handle then refuses to run, so two decodes can never interleave on it silently.
+Inductor's FX-graph and AOT caches (``$TORCHINDUCTOR_CACHE_DIR``, default under /tmp) make a later
+process's compile a cache load rather than a full compile.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch._inductor.config  # the freezing switch (see StaticEngine._call)
+from transformers import StaticCache
+
+from .target import Step, Target, _cache_argument
+
+QUERY_SIZES = (1, 9, 17, 33, 65, 129, 257)  # AR, then budget + 1 for budgets 8, 16, 32, ...
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    cache_len: int = 1024                       # static KV rows: prompt + new tokens + budget + 1 must fit
+    query_sizes: tuple[int, ...] = QUERY_SIZES  # one graph per size, compiled on first use
+    freezing: bool = True                       # CPU: fold and prepack the frozen weights (oneDNN)
+
+    def __post_init__(self):
+        if self.cache_len < 2:
+            raise ValueError(f"cache_len must be >= 2, got {self.cache_len}")
+        if not self.query_sizes or list(self.query_sizes) != sorted(set(self.query_sizes)) \
+                or self.query_sizes[0] != 1:
+            raise ValueError(f"query_sizes must be increasing, distinct and start at 1, got {self.query_sizes}")
+        if self.query_sizes[-1] > self.cache_len:
+            raise ValueError(f"the largest query size ({self.query_sizes[-1]}) exceeds cache_len ({self.cache_len})")
+
+    def padded(self, size: int) -> int:
+        """The query length a forward of ``size`` tokens runs at: the next of ``query_sizes``."""
+        i = bisect.bisect_left(self.query_sizes, size)
+        if i == len(self.query_sizes):
+            raise ValueError(f"a query of {size} tokens exceeds the largest compiled size "
+                             f"{self.query_sizes[-1]}; add a size to CompileConfig.query_sizes")
+        return self.query_sizes[i]
+
+
+def padded_mask(mask: torch.Tensor | None, past_len: int, size: int, padded: int, cache_len: int,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(1, 1, P, cache_len) additive mask over the whole static cache for ``size`` real query rows.
+
+    Real rows keep ``mask`` (1, 1, size, past + size) on the live columns, or plain causal
+    attention when it is None; every other column (pad nodes, stale rows) is masked. Pad row i
+    sees only its own slot, so no softmax row is empty and no real row ever sees a pad."""
+    if padded < size or past_len + padded > cache_len:
+        raise ValueError(f"cannot pad {size} query rows to {padded} after {past_len} cached rows "
+                         f"in a cache of {cache_len}")
+    low = torch.finfo(dtype).min
+    full = torch.full((padded, cache_len), low, dtype=dtype)  # (P, cache_len)
+    if mask is None:
+        full[:size, :past_len] = 0
+        full[:size, past_len:past_len + size] = torch.full((size, size), low, dtype=dtype).triu(1)
+    else:
+        if mask.shape[-2:] != (size, past_len + size):
+            raise ValueError(f"mask must be (1, 1, {size}, {past_len + size}), got {tuple(mask.shape)}")
+        full[:size, :past_len + size] = mask.reshape(size, past_len + size).to(dtype)
+    pads = torch.arange(size, padded)
+    full[pads, past_len + pads] = 0
+    return full[None, None]
+
+
+class StaticKV:
+    """A handle on the compiled target's static cache: its live length and compaction."""
+
+    def __init__(self, engine: "StaticEngine", epoch: int):
+        self.engine, self.epoch, self.length = engine, epoch, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def keep_path(self, past_len: int, path: list[int]) -> None:
+        """Keep the first ``past_len`` rows plus the tree rows ``path`` (after the prefix, in order);
+        the same rows as ``target.keep_path`` keeps on a dynamic cache."""
+        self.engine.check(self)
+        n = len(path)
+        if path != list(range(n)):
+            idx = torch.tensor(path, device=self.engine.device) + past_len
+            for layer in self.engine.cache.layers:
+                layer.keys[..., past_len:past_len + n, :] = layer.keys.index_select(-2, idx)
+                layer.values[..., past_len:past_len + n, :] = layer.values.index_select(-2, idx)
+        self.length = past_len + n
+
+
+def _run(model, cache_arg: str, cache, ids, positions, mask):
+    """ids, positions (1, P), mask (1, 1, P, cache_len) -> (logits (P, V), hidden (layers + 1, P, H))."""
+    out = model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                output_hidden_states=True, **{cache_arg: cache})
+    return out.logits[0], torch.stack(out.hidden_states)[:, 0]
+
+
+class StaticEngine:
+    """The static cache and the compiled graphs of one model (shared by every copy of its target)."""
+
+    def __init__(self, model: torch.nn.Module, config: CompileConfig):
+        self.model, self.config = model, config
+        self.device = model.get_input_embeddings().weight.device
+        self.dtype = model.get_input_embeddings().weight.dtype
+        self.cache = StaticCache(config=model.config, max_cache_len=config.cache_len)
+        self.epoch = 0
+        self.graphs: dict[int, object] = {}
+        self.compile_s: dict[int, float] = {}  # query size -> seconds of its first call (compile or cache load)
+        self._eager = functools.partial(_run, model, _cache_argument(type(model)), self.cache)
+        # one code object (_run) holds every size's graph; never let dynamo fall back to eager silently
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
+    def new_handle(self) -> StaticKV:
+        self.epoch += 1
+        return StaticKV(self, self.epoch)
+
+    def check(self, handle) -> None:
+        if not isinstance(handle, StaticKV) or handle.engine is not self:
+            raise ValueError("a compiled target runs only on its own cache: use target.new_cache()")
+        if handle.epoch != self.epoch:
+            raise ValueError("this cache was replaced by a later target.new_cache() (the compiled target "
+                             "holds one static cache); decode one sequence at a time")
+
+    def _graph(self, size: int):
+        if size not in self.graphs:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self.graphs[size] = torch.compile(self._eager, dynamic=False, mode=mode)
+        return self.graphs[size]
+
+    def _call(self, size: int, *args):
+        # freezing is read while compiling, from the global inductor config (torch.compile's options=
+        # does not reach it); patching it around the call keeps it out of everyone else's compiles
+        with torch._inductor.config.patch(freezing=self.config.freezing and self.device.type == "cpu"):
+            return self._graph(size)(*args)
+
+    def run(self, handle: StaticKV, ids: torch.Tensor, positions: torch.Tensor,
+            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids, positions (T,) after the live rows -> (logits (T, V), hidden (layers + 1, T, H))."""
+        self.check(handle)
+        past, size = handle.length, ids.numel()
+        padded = size if past == 0 else self.config.padded(size)  # prefill runs eager at its own length
+        full = padded_mask(mask, past, size, padded, self.config.cache_len, self.dtype).to(self.device)
+        ids = torch.cat([ids, ids.new_zeros(padded - size)])[None].to(self.device)  # (1, P)
+        positions = torch.cat([positions, positions.new_full((padded - size,), past)])[None].to(self.device)
+        for layer in self.cache.layers:  # writes land at rows past .. past + P
+            if layer.is_initialized:
+                layer.cumulative_length.fill_(past)
+        if past == 0:
+            logits, hidden = self._eager(ids, positions, full)
+        else:
+            logits, hidden = self._timed(padded, ids, positions, full)
+        handle.length = past + size
+        if self.device.type == "cuda":  # CUDA-graph outputs are overwritten by the next replay
+            logits, hidden = logits.clone(), hidden.clone()
+        return logits[:size], hidden[:, :size]
+
+    def _timed(self, padded: int, *args):
+        first = padded not in self.compile_s
+        t0 = time.perf_counter()
+        out = self._call(padded, *args)
+        if first:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.compile_s[padded] = time.perf_counter() - t0
+        return out
+
+
+@dataclass
+class CompiledTarget(Target):
+    """A ``Target`` whose decode forwards run compiled over a static cache (see the module docstring)."""
+    engine: StaticEngine | None = field(default=None, repr=False)
+
+    @property
+    def max_context(self) -> int:
+        return min(super().max_context, self.engine.config.cache_len)
+
+    def new_cache(self) -> StaticKV:
+        return self.engine.new_handle()
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, cache: StaticKV, *, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, taps: tuple[int, ...] = ()) -> Step:
+        """As ``Target.forward``; ``cache`` must come from this target's ``new_cache()``."""
+        past = cache.get_seq_length()
+        if positions is None:
+            positions = torch.arange(past, past + ids.numel())
+        logits, hidden = self.engine.run(cache, ids.cpu(), positions.cpu(), mask)
+        tapped = hidden[[l + 1 for l in taps]].transpose(0, 1) if taps else None  # (T, L, H)
+        return Step(logits.float(), tapped)
+
+    @torch.no_grad()
+    def warmup(self, sizes: tuple[int, ...] | None = None, past_len: int = 8) -> dict[int, float]:
+        """Compile (or load from inductor's cache) the graph of every query size (default: all of
+        ``query_sizes``) on a throwaway prefix; returns {size: seconds of its first call}."""
+        sizes = self.engine.config.query_sizes if sizes is None else tuple(sizes)
+        for size in sizes:
+            if size not in self.engine.compile_s:
+                cache = self.new_cache()
+                self.forward(torch.zeros(past_len, dtype=torch.long), cache)
+                self.forward(torch.zeros(size, dtype=torch.long), cache)
+        return {s: self.engine.compile_s[s] for s in sizes}
+
+
+def compile_target(target: Target, config: CompileConfig = CompileConfig()) -> CompiledTarget:
+    """The compiled counterpart of ``target`` (same model and weights; graphs compile on first use)."""
+    if isinstance(target, CompiledTarget):
+        raise ValueError("target is compiled already")
+    return CompiledTarget(target.model, target.tokenizer, target.name, dict(target.chat_kwargs),
+                          engine=StaticEngine(target.model, config))

@@ -1,0 +1,294 @@
+"""Eager against compiled on this machine, beside llama.cpp: the rows of ``data/results/cpu-compiled``.
+
+    python -m jetflow results cpu-compiled    # = python -m jetflow speed --out data/results/cpu-compiled (~40 min)
+
+One process measures, interleaved so that a shared machine's load hits every path alike (medians
+over repeats): the compile seconds of every graph; the verify-cost curve (1, 9, 17, 33, 65 tokens,
+``budget.measure_verify_cost``) eager and compiled; AR and the head methods' decode tokens/s on a few
+GSM8K prompts eager and compiled; llama.cpp's AR on the same GGUF file with the same thread count
+(``pip install -e ".[bench]"``; skipped with a note when absent). Then exactness: every method's
+compiled greedy output against compiled AR, and compiled AR against eager AR, with the target's
+top-2 logit gap where the two first differ.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import transformers
+
+from . import data, hardware
+from .bench import write
+from .budget import measure_verify_cost
+from .compiled import QUERY_SIZES, CompileConfig, compile_target
+from .decode import generate
+from . import methods as registry
+from .proposers import make_proposer
+from .target import Target, embedded_gguf, load_target
+
+KINDS = ("setup", "compile", "verify", "decode", "exactness", "ar-agreement")
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    dtype: str = "float32"                         # the target's dtype, eager and compiled alike
+    threads: int = 2                               # torch's and llama.cpp's
+    dataset: str = "gsm8k"
+    limit: int = 3                                 # prompts (the first ones of the dataset)
+    max_new_tokens: int = 64
+    budget: int = 16
+    methods: tuple[str, ...] = ("jetflow+lookup", "jetflow")  # timed beside AR
+    verify_sizes: tuple[int, ...] = (1, 9, 17, 33, 65)
+    verify_repeats: int = 3                        # interleaved sweeps of the curve
+    past_len: int = 256                            # cached prefix under the verify curve
+    repeats: int = 2                               # timed decodes of every prompt and configuration
+    cache_len: int = 512                           # the compiled target's static cache (attention spans it all)
+    llama_cpp: bool = True
+    exact_methods: tuple[str, ...] = registry.names(lambda m: m.decodes and m.name != "ar")  # vs compiled AR
+
+    def __post_init__(self):
+        if self.threads < 1 or self.limit < 1 or self.repeats < 1 or self.verify_repeats < 1:
+            raise ValueError("threads, limit, repeats and verify_repeats must be >= 1")
+        if 1 not in self.verify_sizes:
+            raise ValueError("verify_sizes must include 1 (the AR step every cost is relative to)")
+        decoding = registry.names(lambda m: m.decodes and m.name != "ar")
+        unknown = [m for m in (*self.methods, *self.exact_methods) if m not in decoding]
+        if unknown:
+            raise ValueError(f"unknown or AR methods {unknown}; AR is always measured")
+
+
+# ----------------------------------------------------------------------------- llama.cpp
+def llama_cpp_model(threads: int, n_ctx: int):
+    """llama.cpp over the embedded target's GGUF file (the optional ``bench`` extra)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError as err:
+        raise ValueError('llama.cpp needs the bench extra: pip install -e ".[bench]"') from err
+    return Llama(model_path=str(embedded_gguf()), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                 verbose=False)
+
+
+def llama_cpp_ar(llm, ids: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list[int], int, float]:
+    """Greedy AR: (tokens, tokens timed, decode seconds); as in ``generate``, the first token comes
+    from the prefill and the timed decode starts after it."""
+    llm.reset()  # no reuse of an earlier prompt's cache
+    out, t_first = [], 0.0
+    for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+        out.append(int(tok))
+        if len(out) == 1:
+            t_first = time.perf_counter()
+        if len(out) >= max_new_tokens or tok in eos:
+            break
+    return out, len(out) - 1, time.perf_counter() - t_first
+
+
+# ----------------------------------------------------------------------------- measurements
+def verify_rows(paths: dict[str, Target], cfg: SpeedConfig) -> list[dict]:
+    """Median seconds per verify size for every path, sweeps interleaved across paths."""
+    times = {name: {k: [] for k in cfg.verify_sizes} for name in paths}
+    for rep in range(cfg.verify_repeats):
+        for name, target in paths.items():
+            cost = measure_verify_cost(target, cfg.verify_sizes, past_len=cfg.past_len, repeats=1, seed=rep)
+            for k, s in cost.items():
+                times[name][k].append(s)
+    rows = []
+    for name, by_size in times.items():
+        ar = statistics.median(by_size[1])
+        rows += [{"kind": "verify", "path": name, "size": k, "seconds": statistics.median(t),
+                  "ar_steps": statistics.median(t) / ar} for k, t in by_size.items()]
+    return rows
+
+
+def _decode(target, ids, proposer, cfg) -> tuple[list[int], int, float, float]:
+    res = generate(target, ids, proposer, budget=cfg.budget, max_new_tokens=cfg.max_new_tokens)
+    return res.tokens, sum(len(r.committed) for r in res.rounds), res.decode_s, res.tau
+
+
+def decode_runs(paths: dict[str, Target], prompts: list[torch.Tensor], cfg: SpeedConfig, llm=None) -> dict:
+    """(path, method) -> one list per repeat of (tokens, decode tokens, decode seconds, tau) per prompt;
+    every configuration of a prompt runs before the next prompt, repeats outermost."""
+    props = {(p, m): make_proposer(m, t) for p, t in paths.items() for m in ("ar", *cfg.methods)}
+    runs = {key: [[] for _ in range(cfg.repeats)] for key in props}
+    if llm is not None:
+        runs[("llama.cpp", "ar")] = [[] for _ in range(cfg.repeats)]
+    eos = next(iter(paths.values())).eos_ids
+    for rep in range(cfg.repeats):
+        for ids in prompts:
+            for (path, method), proposer in props.items():
+                runs[(path, method)][rep].append(_decode(paths[path], ids, proposer, cfg))
+            if llm is not None:
+                toks, n, secs = llama_cpp_ar(llm, ids.tolist(), cfg.max_new_tokens, eos)
+                runs[("llama.cpp", "ar")][rep].append((toks, n, secs, 1.0))
+    return runs
+
+
+def _rate(rep_runs) -> float:
+    return sum(r[1] for r in rep_runs) / sum(r[2] for r in rep_runs)
+
+
+def decode_rows(runs: dict, cfg: SpeedConfig) -> list[dict]:
+    """One row per (path, method): median over repeats of tokens/s (totals over prompts) and of the
+    ratios to the same path's AR and to eager AR, both within the same repeat; ``identical_to_ar``
+    counts prompts whose tokens equal the same path's AR (eager AR for the AR rows)."""
+    rows = []
+    for (path, method), reps in runs.items():
+        rates = [_rate(r) for r in reps]
+        own_ar = runs[(path, "ar")]
+        ref = runs[("eager", "ar")] if method == "ar" else None  # AR rows: against eager AR
+        rows.append({
+            "kind": "decode", "path": path, "method": method, "budget": None if method == "ar" else cfg.budget,
+            "tokens_per_s": statistics.median(rates),
+            "speedup": statistics.median(r / _rate(a) for r, a in zip(rates, own_ar)),
+            "vs_eager_ar": statistics.median(r / _rate(a) for r, a in zip(rates, runs[("eager", "ar")])),
+            "tau": statistics.mean(r[3] for r in reps[0]), "new_tokens": sum(len(r[0]) for r in reps[0]),
+            "identical_to_ar": sum(a[0] == b[0] for a, b in zip(reps[0], (ref or own_ar)[0]))})
+    return rows
+
+
+def top2_gap(target: Target, ids: list[int]) -> float:
+    """The target's (eager, full-sequence) top-1 minus top-2 logit after ``ids``."""
+    logits = target.model(torch.tensor([ids])).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def agreement_rows(eager: Target, prompts, ar_eager: list, ar_compiled: list, ids_of) -> list[dict]:
+    """Compiled AR against eager AR per prompt: the first differing token and the top-2 gap there."""
+    rows = []
+    for pid, ids, a, b in zip(ids_of, prompts, ar_eager, ar_compiled):
+        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if first is None and len(a) != len(b):
+            first = min(len(a), len(b))
+        gap = None if first is None else top2_gap(eager, ids.tolist() + a[:first])
+        rows.append({"kind": "ar-agreement", "prompt": pid, "new_tokens": len(a), "first_difference": first,
+                     "top2_gap_there": gap})
+    return rows
+
+
+def exactness_rows(compiled: Target, prompts, ar_compiled: list, cfg: SpeedConfig) -> list[dict]:
+    """Every method's compiled greedy output against compiled AR, prompt by prompt."""
+    rows = []
+    for method in cfg.exact_methods:
+        proposer = make_proposer(method, compiled)
+        same = [_decode(compiled, ids, proposer, cfg)[0] == ref for ids, ref in zip(prompts, ar_compiled)]
+        rows.append({"kind": "exactness", "method": method, "budget": cfg.budget,
+                     "identical_to_compiled_ar": sum(same), "n_prompts": len(same)})
+    return rows
+
+
+def _inductor_entries() -> int:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    root = Path(cache_dir())
+    return sum(1 for _ in root.rglob("*")) if root.exists() else 0
+
+
+@torch.no_grad()
+def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None, eager: Target | None = None) -> list[dict]:
+    """All rows of one run (see the module docstring); ``eager`` replaces the embedded target (tests)."""
+    torch.set_num_threads(cfg.threads)
+    eager = eager or load_target(None, dtype=cfg.dtype)
+    compile_cfg = CompileConfig(cfg.cache_len, tuple(s for s in QUERY_SIZES if s <= cfg.cache_len))
+    compiled = compile_target(eager, compile_cfg)
+    items = data.load_prompts(cfg.dataset, limit=cfg.limit, data_dir=data_dir)
+    prompts = [eager.encode(p["prompt"]) for p in items]
+    llm = llama_cpp_model(cfg.threads, cfg.cache_len) if cfg.llama_cpp else None
+    setup = {"kind": "setup", "hardware": hardware.describe(), "torch": torch.__version__,
+             "transformers": transformers.__version__, "gguf": embedded_gguf().name,
+             "llama_cpp": _llama_cpp_version() if llm is not None else None,
+             "inductor_cache_files_before": _inductor_entries(), "prompts": [p["id"] for p in items],
+             "config": asdict(cfg)}
+    sizes = tuple(sorted({*cfg.verify_sizes, compile_cfg.padded(cfg.budget + 1)}))
+    rows = [setup] + [{"kind": "compile", "size": k, "seconds": s} for k, s in compiled.warmup(sizes).items()]
+    paths = {"eager": eager, "compiled": compiled}
+    rows += verify_rows(paths, cfg)
+    runs = decode_runs(paths, prompts, cfg, llm)
+    rows += decode_rows(runs, cfg)
+    ar_eager, ar_compiled = ([r[0] for r in runs[(p, "ar")][0]] for p in ("eager", "compiled"))
+    rows += agreement_rows(eager, prompts, ar_eager, ar_compiled, setup["prompts"])
+    if llm is not None:
+        llm.close()
+    return rows + exactness_rows(compiled, prompts, ar_compiled, cfg)
+
+
+def _llama_cpp_version() -> str:
+    import llama_cpp
+    return llama_cpp.__version__
+
+
+# ----------------------------------------------------------------------------- rendering
+def _f(x, digits=2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def to_markdown(rows: list[dict]) -> str:
+    """The run's tables: decode speed (llama.cpp beside), the verify-cost curve, compile seconds,
+    exactness, and the hardware line."""
+    by = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
+    setup = by["setup"][0]
+    cfg = setup["config"]
+    lines = [f"# Compiled target, {cfg['dtype']}, {cfg['threads']} threads: {setup['hardware']}", "",
+             f"{cfg['dataset']}, first {cfg['limit']} prompts, greedy, {cfg['max_new_tokens']} new tokens, "
+             f"budget {cfg['budget']}; medians over {cfg['repeats']} interleaved repeats, prefill excluded. "
+             "speedup = tokens/s over the same path's AR; vs eager AR = over eager AR in the same repeat.", "",
+             "| path | method | tokens/s | speedup | vs eager AR | tau | identical to AR |", "|---|---|---|---|---|---|---|"]
+    for r in by["decode"]:
+        lines.append(f"| {r['path']} | {r['method']} | {_f(r['tokens_per_s'], 1)} | {_f(r['speedup'])}x | "
+                     f"{_f(r['vs_eager_ar'])}x | {_f(r['tau'])} | {r['identical_to_ar']}/{cfg['limit']} |")
+    sizes = sorted({r["size"] for r in by["verify"]})
+    cost = {(r["path"], r["size"]): r for r in by["verify"]}
+    lines += ["", f"Verify cost over a {cfg['past_len']}-token prefix: ms (AR steps of the same path), "
+              f"median of {cfg['verify_repeats']} interleaved sweeps.", "",
+              "| path | " + " | ".join(f"{k} tokens" for k in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
+    for path in sorted({r["path"] for r in by["verify"]}):
+        lines.append(f"| {path} | " + " | ".join(
+            f"{1e3 * cost[(path, k)]['seconds']:.1f} ({cost[(path, k)]['ar_steps']:.2f})" for k in sizes) + " |")
+    lines += ["", "Compile seconds per graph (first call; inductor cache files before the run: "
+              f"{setup['inductor_cache_files_before']}): "
+              + ", ".join(f"{r['size']} tokens {r['seconds']:.0f} s" for r in by["compile"]) + ".", ""]
+    lines += ["Exactness (greedy, compiled): " + ", ".join(
+        f"{r['method']} {r['identical_to_compiled_ar']}/{r['n_prompts']}" for r in by["exactness"])
+        + " prompts identical to compiled AR.", ""]
+    lines += ["Compiled AR against eager AR: " + "; ".join(
+        f"{r['prompt']}: " + ("identical" if r["first_difference"] is None else
+                              f"first differs at token {r['first_difference']} (top-2 gap {r['top2_gap_there']:.3g})")
+        for r in by["ar-agreement"]) + ".", ""]
+    lines.append(f"torch {setup['torch']}, transformers {setup['transformers']}, GGUF {setup['gguf']}"
+                 + (f", llama-cpp-python {setup['llama_cpp']}" if setup["llama_cpp"] else ", llama.cpp not run"))
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser) -> None:
+    """The flags of ``python -m jetflow speed`` (and ``python -m jetflow.speed``)."""
+    parser.add_argument("--out", required=True, help="folder for rows.json and table.md")
+    parser.add_argument("--dtype", default=SpeedConfig.dtype)
+    parser.add_argument("--threads", type=int, default=SpeedConfig.threads)
+    parser.add_argument("--limit", type=int, default=SpeedConfig.limit)
+    parser.add_argument("--max-new-tokens", type=int, default=SpeedConfig.max_new_tokens)
+    parser.add_argument("--repeats", type=int, default=SpeedConfig.repeats)
+    parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp (no bench extra)")
+
+
+def config_of(args) -> SpeedConfig:
+    return SpeedConfig(dtype=args.dtype, threads=args.threads, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                       repeats=args.repeats, llama_cpp=not args.no_llama_cpp)
+
+
+def run_args(args) -> int:
+    rows = measure(config_of(args))
+    print(to_markdown(rows))
+    write(rows, args.out, to_markdown)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jetflow.speed", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

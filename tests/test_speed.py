@@ -1,0 +1,64 @@
+"""The speed run's pieces on tiny eager targets (no compiling here: test_compiled.py covers that)."""
+import pytest
+import torch
+
+from jetflow.speed import SpeedConfig, agreement_rows, decode_rows, to_markdown, verify_rows
+
+
+def fake_runs():
+    """(path, method) -> repeats -> per prompt (tokens, decode tokens, decode seconds, tau)."""
+    run = lambda tokens, secs, tau=1.0: ([1] * tokens, tokens - 1, secs, tau)
+    return {("eager", "ar"): [[run(11, 1.0), run(21, 2.0)], [run(11, 2.0), run(21, 3.0)]],
+            ("eager", "jetflow"): [[run(11, 0.5, 2.0), run(21, 1.0, 2.0)], [run(11, 0.5, 2.0), run(21, 2.0, 2.0)]],
+            ("compiled", "ar"): [[run(11, 0.5), run(21, 1.0)], [run(11, 1.0), run(21, 1.5)]],
+            ("llama.cpp", "ar"): [[run(11, 0.1), run(21, 0.2)], [run(11, 0.1), run(21, 0.2)]]}
+
+
+def test_decode_rows_take_totals_over_prompts_then_medians_over_repeats():
+    rows = {(r["path"], r["method"]): r for r in decode_rows(fake_runs(), SpeedConfig(limit=2))}
+    assert rows[("eager", "ar")]["tokens_per_s"] == pytest.approx((30 / 3 + 30 / 5) / 2)
+    # jetflow's repeats: 30/1.5 = 20 and 30/2.5 = 12 tokens/s against AR's 10 and 6 in the same repeat
+    assert rows[("eager", "jetflow")]["speedup"] == pytest.approx(2.0)
+    assert rows[("eager", "jetflow")]["tau"] == 2.0 and rows[("eager", "jetflow")]["budget"] == 16
+    assert rows[("compiled", "ar")]["vs_eager_ar"] == pytest.approx(((30 / 1.5) / 10 + (30 / 2.5) / 6) / 2)
+    assert rows[("llama.cpp", "ar")]["speedup"] == 1.0 and rows[("llama.cpp", "ar")]["identical_to_ar"] == 2
+
+
+@pytest.mark.parametrize("kwargs,message", [({"threads": 0}, "must be >= 1"), ({"verify_sizes": (9, 17)}, "include 1"),
+                                            ({"methods": ("ar",)}, "AR is always measured"),
+                                            ({"methods": ("nope",)}, "unknown")])
+def test_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SpeedConfig(**kwargs)
+
+
+def test_verify_rows_are_relative_to_the_one_token_step(tiny_target):
+    cfg = SpeedConfig(verify_sizes=(1, 5), verify_repeats=2, past_len=8)
+    rows = verify_rows({"eager": tiny_target, "again": tiny_target}, cfg)
+    assert {(r["path"], r["size"]) for r in rows} == {(p, k) for p in ("eager", "again") for k in (1, 5)}
+    assert all(r["ar_steps"] == 1.0 for r in rows if r["size"] == 1)
+
+
+def test_agreement_rows_find_the_first_difference_and_its_gap(tiny_target):
+    ids = torch.tensor([1, 400, 401])
+    rows = agreement_rows(tiny_target, [ids, ids, ids], [[5, 6, 7], [5, 6, 7], [5, 6]], [[5, 6, 7], [5, 9, 7], [5, 6, 7]],
+                          ["a", "b", "c"])
+    assert [r["first_difference"] for r in rows] == [None, 1, 2]
+    assert rows[0]["top2_gap_there"] is None and rows[1]["top2_gap_there"] >= 0
+
+
+def test_markdown_renders_every_part():
+    cfg = SpeedConfig(limit=2)
+    rows = [{"kind": "setup", "hardware": "a CPU", "torch": "t", "transformers": "x", "gguf": "g.gguf",
+             "llama_cpp": "0.3", "inductor_cache_files_before": 0, "prompts": ["p0", "p1"],
+             "config": {**cfg.__dict__}},
+            {"kind": "compile", "size": 1, "seconds": 12.0},
+            {"kind": "verify", "path": "eager", "size": 1, "seconds": 0.05, "ar_steps": 1.0},
+            {"kind": "verify", "path": "eager", "size": 17, "seconds": 0.09, "ar_steps": 1.8},
+            {"kind": "exactness", "method": "jetflow", "identical_to_compiled_ar": 2, "n_prompts": 2},
+            {"kind": "ar-agreement", "prompt": "p0", "first_difference": None, "top2_gap_there": None},
+            {"kind": "ar-agreement", "prompt": "p1", "first_difference": 40, "top2_gap_there": 0.01},
+            *decode_rows(fake_runs(), cfg)]
+    text = to_markdown(rows)
+    assert "a CPU" in text and "| llama.cpp | ar |" in text and "90.0 (1.80)" in text
+    assert "jetflow 2/2" in text and "first differs at token 40 (top-2 gap 0.01)" in text
