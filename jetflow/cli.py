@@ -176,7 +176,9 @@ def add_generate(sub) -> None:
 @dataclass(frozen=True)
 class RegenerateConfig:
     """``python -m jetflow regenerate``: the target answers training prompts (resumable)."""
-    n: int = option(3000, "training prompts to answer")
+    n: int = option(3000, "training prompts to answer (0: the whole pool, every source in full)")
+    chunks: int = option(1, "answer the prompts as this many files, one after another (each a random part; "
+                            "the first k of them are the first k/chunks of the data)")
     out: str | None = option(None, "the JSONL to append to (default: the jetflow cache's regen-N.jsonl)")
     batch_size: int = option(16, "prompts per left-padded batch")
     max_new_tokens: int = option(192, "new tokens per answer")
@@ -192,32 +194,50 @@ def default_regen_out(cfg: RegenerateConfig) -> Path:
     from .data import cache_dir
     from .target import EMBEDDED
     model = (cfg.model or EMBEDDED).rstrip("/").replace("/", "--")
-    return cache_dir() / f"regen-{model}-{cfg.dtype}-{cfg.n}.jsonl"
+    size = cfg.n or "all"
+    if cfg.chunks > 1:
+        return cache_dir() / f"regen-{model}-{cfg.dtype}-{size}-{cfg.max_new_tokens}"
+    return cache_dir() / f"regen-{model}-{cfg.dtype}-{size}.jsonl"
+
+
+def chunk_files(out: Path, chunks: int) -> list[Path]:
+    """The files of a regeneration split into ``chunks`` parts (``out`` is then a folder)."""
+    return [out] if chunks == 1 else [out / f"part-{i:02d}-of-{chunks:02d}.jsonl" for i in range(chunks)]
 
 
 def regenerate_command(cfg: RegenerateConfig, out: Path) -> str:
     """The ``python -m jetflow regenerate`` line that (re)makes ``out`` with these settings."""
     return command_line(replace(cfg, out=out.name), RegenerateConfig(), ["python", "-m", "jetflow", "regenerate"],
-                        skip=("data_dir",), always=("n", "out", "batch_size", "max_new_tokens", "max_prompt_tokens", "seed"))
+                        skip=("data_dir",), always=("n", "chunks", "out", "batch_size", "max_new_tokens", "max_prompt_tokens", "seed"))
 
 
 def cmd_regenerate(args) -> int:
     from . import checks
-    from .data import regenerate, training_prompts
+    from .data import chunk, regenerate, training_pool, training_prompts
     from .target import load_target
     cfg = RegenerateConfig(**given(args, RegenerateConfig))
-    checks.positive(n=cfg.n, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
-                    max_prompt_tokens=cfg.max_prompt_tokens)
+    checks.positive(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+                    max_prompt_tokens=cfg.max_prompt_tokens, chunks=cfg.chunks)
+    if cfg.n < 0:
+        raise SystemExit(f"--n must be >= 0 (0: the whole pool), got {cfg.n}")
     out = Path(cfg.out) if cfg.out else default_regen_out(cfg)
-    checks.writable_file(out, "--out")
+    files = chunk_files(out, cfg.chunks)
+    if cfg.chunks > 1:
+        checks.writable_dir(out, "--out")
+    checks.writable_file(files[0], "--out")
     checks.data_source(cfg.data_dir)
-    prompts = checks.prompt_source(lambda: training_prompts(cfg.n, seed=cfg.seed, data_dir=cfg.data_dir))
+    draw = (lambda: training_pool(seed=cfg.seed, data_dir=cfg.data_dir)) if cfg.n == 0 else \
+        (lambda: training_prompts(cfg.n, seed=cfg.seed, data_dir=cfg.data_dir))
+    prompts = checks.prompt_source(draw)
     target = load_target(cfg.model, dtype=cfg.dtype)
-    regenerate(target, prompts, out, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
-               max_prompt_tokens=cfg.max_prompt_tokens, settings={"seed": cfg.seed, "n": cfg.n})
-    meta = out.with_name(out.name + ".meta.json")  # read by training provenance
-    meta.write_text(json.dumps({"command": regenerate_command(cfg, out)}) + "\n")
-    print(out)
+    for index, path in enumerate(files):
+        part = {"chunk": index, "chunks": cfg.chunks} if cfg.chunks > 1 else {}
+        regenerate(target, chunk(prompts, index, cfg.chunks), path, batch_size=cfg.batch_size,
+                   max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
+                   settings={"seed": cfg.seed, "n": cfg.n} | part)
+        meta = path.with_name(path.name + ".meta.json")  # read by training provenance
+        meta.write_text(json.dumps({"command": regenerate_command(cfg, out)}) + "\n")
+        print(path, flush=True)
     return 0
 
 

@@ -354,6 +354,24 @@ def _split_counts(n: int, weights: list[float]) -> list[int]:
     return counts
 
 
+def training_pool(*, seed: int = 0, data_dir: str | os.PathLike | None = None) -> list[dict]:
+    """Every training prompt the kit has (gsm8k train in math format, code and chat prompts), shuffled
+    with ``seed``: the whole pool that ``regenerate --n 0`` answers."""
+    root = _data_root(data_dir)
+    out = [p for source in TRAINING_SOURCES for p in _training_pool(source, root)]
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def chunk(prompts: list, index: int, count: int) -> list:
+    """Part ``index`` of ``count`` near-equal contiguous parts of ``prompts``. Of a shuffled list each
+    part is a random subset, and parts 0..k-1 together are the first k/count of it (nested sizes)."""
+    if not 0 <= index < count:
+        raise ValueError(f"chunk index must be in 0..{count - 1}, got {index}")
+    bounds = [len(prompts) * i // count for i in range(count + 1)]
+    return prompts[bounds[index]:bounds[index + 1]]
+
+
 def training_prompts(n: int, *, mix: tuple[tuple[str, float], ...] = DEFAULT_MIX, seed: int = 0,
                      data_dir: str | os.PathLike | None = None) -> list[dict]:
     """``n`` training prompts ``[{"id", "prompt"}, ...]`` drawn from gsm8k train (math format), code
