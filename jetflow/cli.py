@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|profile|diagnose|speed|report|results``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|profile|diagnose|cost|speed|report|results``.
 
 The flags of ``regenerate``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
@@ -357,6 +357,19 @@ def add_diagnose(sub) -> None:
     d.set_defaults(func=cmd_diagnose)
 
 
+def cmd_cost(args) -> int:
+    from .budget import CostConfig, measure_cost
+    print(f"wrote {measure_cost(CostConfig(**given(args, CostConfig)))}")
+    return 0
+
+
+def add_cost(sub) -> None:
+    from .budget import CostConfig
+    c = sub.add_parser("cost", help="the round-cost curve (verify sizes, one draft pass) in AR steps, beside a head")
+    add_flags(c, CostConfig)
+    c.set_defaults(func=cmd_cost)
+
+
 # ----------------------------------------------------------------------------- results
 def cmd_report(args) -> int:
     from . import report
@@ -424,7 +437,7 @@ def add_speed(sub) -> None:
 
 
 SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_train, add_bench, add_replay, add_profile, add_diagnose,
-               add_speed, add_report, add_results, add_gpu_check]
+               add_cost, add_speed, add_report, add_results, add_gpu_check]
 
 
 def build_parser() -> argparse.ArgumentParser:

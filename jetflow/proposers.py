@@ -150,6 +150,7 @@ class HeadProposer:
     builder: str = "accum_logp"
     width: int = 7
     profile: AcceptanceProfile | None = None
+    cost: object | None = None  # budget.CostCurve saved beside the head, for the builders that take one
     embed: torch.Tensor = field(init=False, repr=False)   # (V, H) the target's embedding, head dtype
     out: torch.Tensor = field(init=False, repr=False)     # (K, H) its lm_head rows of the draft vocabulary
     vocab: torch.Tensor | None = field(init=False, repr=False)  # (K,) draft columns -> token ids, on CPU
@@ -183,7 +184,7 @@ class HeadProposer:
         return torch.log_softmax(F.linear(hidden, self.out).float(), dim=-1)
 
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
-        build = tree_builder(self.builder, width=self.width, profile=self.profile)
+        build = tree_builder(self.builder, width=self.width, profile=self.profile, cost=self.cost)
         tree = build(self.depth_logp(state, tokens, new_taps), budget, tokens[-1])
         if self.vocab is None:
             return tree
@@ -265,6 +266,7 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
     draft = draft.to(target.device)
     check_compatible(draft.config, target.config)
+    from .budget import load_cost
     from .profile import load_profile
-    proposer = HeadProposer(draft, target, m.builder, width, load_profile(path))
+    proposer = HeadProposer(draft, target, m.builder, width, load_profile(path), load_cost(path))
     return LookupMerged(proposer) if m.lookup_merged else proposer
