@@ -318,6 +318,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "headline": headline,
     "cli-help": lambda res: cli_help(),
     "replay-trees": trees_vs_ddtree,
+    "replay-stop": lambda res: stop_vs_fixed(res, "cpu-replay-stop"),
 }
 
 
@@ -325,7 +326,8 @@ DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout)
     "README.md": ("headline",),
     "docs/cli.md": ("cli-help",),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
-                        "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees"),
+                        "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
+                        "replay-stop"),
 }
 
 
