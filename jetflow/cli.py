@@ -365,7 +365,7 @@ def cmd_cost(args) -> int:
 
 def add_cost(sub) -> None:
     from .budget import CostConfig
-    c = sub.add_parser("cost", help="the round-cost curve (verify sizes, one draft pass) in AR steps, beside a head")
+    c = sub.add_parser("cost", help="the round-cost curve in AR steps, beside a head")
     add_flags(c, CostConfig)
     c.set_defaults(func=cmd_cost)
 
