@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|taps|train|bench|replay|profile|diagnose|speed|report|results``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|taps|train|bench|replay|profile|diagnose|speed|throughput|report|results``.
 
 The flags of ``regenerate``, ``taps``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
@@ -452,6 +452,27 @@ def add_results(sub) -> None:
     r.set_defaults(func=cmd_results)
 
 
+def cmd_throughput(args) -> int:
+    from . import checks, throughput
+    from .report import write_rows
+    cfg = throughput.ThroughputConfig(**given(args, throughput.ThroughputConfig))
+    checks.positive(prompts=cfg.prompts, steps=cfg.steps, rounds=cfg.rounds, anchors=cfg.anchors,
+                    seqs_per_step=cfg.seqs_per_step, max_new_tokens=cfg.max_new_tokens)
+    checks.writable_dir(cfg.out, "--out")
+    checks.data_source(cfg.data_dir)
+    rows = throughput.measure(cfg)
+    print(f"wrote {write_rows(rows, cfg.out, throughput.to_markdown)}", file=sys.stderr)
+    print(throughput.to_markdown(rows))
+    return 0
+
+
+def add_throughput(sub) -> None:
+    from .throughput import ThroughputConfig
+    t = sub.add_parser("throughput", help="training slots/s: cached taps vs the online target")
+    add_flags(t, ThroughputConfig)
+    t.set_defaults(func=cmd_throughput)
+
+
 def add_gpu_check(sub) -> None:
     from .gpu_check import add_gpu_check as add
     add(sub)
@@ -465,7 +486,7 @@ def add_speed(sub) -> None:
 
 
 SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_taps, add_train, add_bench, add_replay, add_profile, add_diagnose,
-               add_speed, add_report, add_results, add_gpu_check]
+               add_speed, add_throughput, add_report, add_results, add_gpu_check]
 
 
 def build_parser() -> argparse.ArgumentParser:
