@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|taps|train|bench|replay|profile|diagnose|speed|throughput|report|results``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|pack|unpack|taps|train|bench|replay|profile|diagnose|speed|throughput|report|results``.
 
 The flags of ``regenerate``, ``taps``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
@@ -288,6 +288,35 @@ def add_taps(sub) -> None:
     t.set_defaults(func=cmd_taps)
 
 
+def cmd_pack(args) -> int:
+    from . import checks
+    from .packed import pack
+    checks.writable_dir(args.out, "--out")
+    print(pack(args.data, args.out, args.parts))
+    return 0
+
+
+def cmd_unpack(args) -> int:
+    from . import checks
+    from .packed import unpack
+    checks.writable_dir(args.out, "--out")
+    for path in unpack(args.packed, args.out):
+        print(path)
+    return 0
+
+
+def add_pack(sub) -> None:
+    p = sub.add_parser("pack", help="pack regenerated ids compactly to publish (+ provenance)")
+    p.add_argument("--data", required=True, help="regenerated JSONL or a chunked folder")
+    p.add_argument("--parts", type=int, default=0, help="with a chunked folder: its first K parts (0: all)")
+    p.add_argument("--out", required=True, help="folder for the .npz files and provenance.json")
+    p.set_defaults(func=cmd_pack)
+    u = sub.add_parser("unpack", help="turn packed ids back into the JSONL files (sha256 checked)")
+    u.add_argument("--packed", required=True, help="a folder written by `jetflow pack`")
+    u.add_argument("--out", required=True, help="folder for the JSONL files")
+    u.set_defaults(func=cmd_unpack)
+
+
 def train_config(args):
     """TrainConfig from parsed ``train`` arguments: the preset, then ``--set``, then the named flags."""
     from .train import TrainConfig
@@ -485,7 +514,7 @@ def add_speed(sub) -> None:
     s.set_defaults(func=speed.run_args)
 
 
-SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_taps, add_train, add_bench, add_replay, add_profile, add_diagnose,
+SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_pack, add_taps, add_train, add_bench, add_replay, add_profile, add_diagnose,
                add_speed, add_throughput, add_report, add_results, add_gpu_check]
 
 

@@ -108,14 +108,20 @@ def measure(cfg: ThroughputConfig, target=None, *, progress: bool = True) -> lis
     return [r | {"ratio_to_online": r["slots_per_s"] / online[r["anchors"]]} for r in rows]
 
 
-def to_markdown(rows: list[dict]) -> str:
-    """The table: per anchors and taps source, seconds per step, supervised slots per second, ratio to online."""
-    c = rows[0]["config"]
-    lines = [f"# Training throughput, {rows[0]['dtype']} target, {rows[0]['threads']} thread(s): {rows[0]['hardware']}",
-             "", f"{c['prompts']} regenerated answers ({c['max_new_tokens']} new tokens, max_len {c['max_len']}), "
-             f"{c['seqs_per_step']} sequences per step, loss ce, draft vocabulary {c['draft_vocab'] or 'all'}, "
-             f"fp32 head; {c['steps']} timed steps per row in {c['rounds']} interleaved rounds.",
-             "", "| anchors | taps | steps | s / step | supervised slots / s | vs online |", "|---|---|---|---|---|---|"]
+def table(rows: list[dict]) -> str:
+    """Per anchors and taps source: seconds per step, supervised slots per second, ratio to online;
+    then the settings and the hardware line."""
+    c, r0 = rows[0]["config"], rows[0]
+    lines = ["| anchors | taps | steps | s / step | supervised slots / s | vs online |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['anchors']} | {r['taps']} | {r['steps']} | {r['s_per_step']:.2f} | {r['slots_per_s']:.0f} | "
               f"{r['ratio_to_online']:.2f}x |" for r in rows]
-    return "\n".join(lines) + "\n"
+    lines += ["", f"{c['prompts']} regenerated answers ({c['max_new_tokens']} new tokens, max_len {c['max_len']}), "
+              f"{c['seqs_per_step']} sequences per step, loss ce, draft vocabulary {c['draft_vocab'] or 'all'}, fp32 "
+              f"head, {r0['dtype']} target, {r0['threads']} thread(s); {c['steps']} timed steps per row in "
+              f"{c['rounds']} interleaved rounds. {r0['hardware']}; torch {r0['torch']}."]
+    return "\n".join(lines)
+
+
+def to_markdown(rows: list[dict]) -> str:
+    """The folder's table.md."""
+    return f"# Training throughput: cached taps vs the online target\n\n{table(rows)}\n"

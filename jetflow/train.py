@@ -4,19 +4,21 @@
     head, history = train(cfg)  # out/: checkpoint/, history.jsonl, config.json + model.safetensors (bf16),
                                 #       provenance.json, PROVENANCE.md; rerunning resumes exactly
 
-Per sequence ids (S,) = prompt + regenerated response: one frozen target forward gives the taps
-(S, L, H) and the teacher logits (S, V); A random anchors inside the response each open a block
+Per sequence ids (S,) = prompt + regenerated response: the frozen target gives the taps (S, L, H) and,
+for the KL loss, the teacher logits (S, V); A random anchors inside the response each open a block
 ``[anchor, MASK x D]``; the head runs all blocks in one pass under ``training_mask``, and the
 target's frozen lm_head turns slots 1..D (D = Q-1, Q the block size) into logits (A, D, V). Slot k of the block at
 anchor a predicts token a+k (teacher: target logits at a+k-1); slots past the end are masked; depth k
 weighs exp(-(k-1)/gamma) (gamma 0 = uniform).
 
-Target features are computed on the fly, not cached on disk: a cache holds S*L*H taps per sequence
-plus, for the KL loss, S*V teacher logits (~100 MB per 512-token SmolLM2 sequence; more for a bigger
-vocabulary), while the bf16 target forward is a small share of a step: on SmolLM2 with 4 sequences
-x 32 anchors, ~0.19 s of ~1 s per sequence (~15-20%, 1 thread); the head's pass, the full-vocabulary
-log-softmax of the loss and the backward dominate. The target runs under no_grad and its embedding
-and lm_head enter the graph detached: only head parameters get gradients.
+Where a step's taps come from is ``taps``: ``online`` runs the frozen target over the sequence every step
+(the KL loss needs this: its teacher is the target's whole distribution; GPU users with large targets,
+whose taps would not fit on disk), ``cached`` reads them from the memory-mapped taps cache that
+``python -m jetflow taps`` builds (``jetflow.taps``; loss ce only), so the step is the head's alone; with a
+bf16 target both give the same loss and weights (tests/test_taps.py). ``data`` may be a chunked folder
+(``regenerate --chunks K``) and ``parts`` its first K files; the held-out rows are always the first
+file's last ``eval_seqs``, and evaluation runs the target online in either mode. The target runs under
+no_grad and its embedding and lm_head enter the graph detached: only head parameters get gradients.
 
 Resume is exact: data order and anchors are pure functions of (seed, data position), and the
 checkpoint holds the head, AdamW, scheduler and RNG states (``accelerate.save_state``).

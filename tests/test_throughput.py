@@ -31,7 +31,7 @@ def test_both_sources_run_the_same_steps_and_the_ratio_is_theirs(target, tmp_pat
     assert cached["ratio_to_online"] == pytest.approx(cached["slots_per_s"] / online["slots_per_s"])
     assert online["ratio_to_online"] == few["ratio_to_online"] == 1.0 and "hardware" in online and json.dumps(rows)
     table = to_markdown(rows)
-    assert table.count("\n| ") == 5 and f"{cached['ratio_to_online']:.2f}x" in table
+    assert table.count("\n| ") == 5 and online["hardware"] in table and f"{cached['ratio_to_online']:.2f}x" in table
     again = measure(cfg, target, progress=False)  # the data and taps are reused (no second regeneration)
     assert again[0]["supervised_slots"] == online["supervised_slots"]
     assert main(["throughput", "--out", str(tmp_path / "o"), "--anchors", "4,x"]) == 2
