@@ -485,8 +485,8 @@ def cmd_throughput(args) -> int:
     from . import checks, throughput
     from .report import write_rows
     cfg = throughput.ThroughputConfig(**given(args, throughput.ThroughputConfig))
-    checks.positive(prompts=cfg.prompts, steps=cfg.steps, rounds=cfg.rounds, anchors=cfg.anchors,
-                    seqs_per_step=cfg.seqs_per_step, max_new_tokens=cfg.max_new_tokens)
+    checks.positive(prompts=cfg.prompts, steps=cfg.steps, rounds=cfg.rounds, seqs_per_step=cfg.seqs_per_step,
+                    max_new_tokens=cfg.max_new_tokens, anchors=min(cfg.anchors, default=0))
     checks.writable_dir(cfg.out, "--out")
     checks.data_source(cfg.data_dir)
     rows = throughput.measure(cfg)

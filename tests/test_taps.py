@@ -191,3 +191,19 @@ def test_training_on_the_first_parts_of_a_chunked_folder(target, folder, tmp_pat
 def test_cli_taps_missing_data_is_a_clear_error(tmp_path, capsys):
     assert main(["taps", "--data", str(tmp_path / "nope.jsonl")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_cli_taps_on_the_embedded_target_holds_its_taps(smol, tmp_path):
+    """slow: `python -m jetflow taps` on SmolLM2 (fp32 here) stores the bf16 rounding of its taps."""
+    from jetflow.head import HeadConfig
+    ids = [smol.encode(text).tolist() for text in ("What is 2 + 3?", "Name a colour.")]
+    rows = [{"id": f"chat:{i}", "prompt_ids": p, "response_ids": p[-5:]} for i, p in enumerate(ids)]
+    data = write(tmp_path / "regen.jsonl", rows, {"model": smol.name})
+    assert main(["taps", "--data", str(data), "--out", str(tmp_path / "taps"), "--max-len", "24",
+                 "--dtype", "float32"]) == 0
+    layers = HeadConfig.for_target(smol.config).target_layer_ids
+    cache = CachedTaps.open(smol, [data], [tmp_path / "taps"], layers=layers, max_len=24)
+    for i, row in enumerate(rows):
+        seq = sequence_ids(row, 24)
+        _, online = smol.sequence_taps(seq, layers, logits=False)
+        assert torch.equal(cache(i, seq)[1], online.to(torch.bfloat16)) and online.shape[1:] == (2, 576)

@@ -35,6 +35,7 @@ def test_both_sources_run_the_same_steps_and_the_ratio_is_theirs(target, tmp_pat
     again = measure(cfg, target, progress=False)  # the data and taps are reused (no second regeneration)
     assert again[0]["supervised_slots"] == online["supervised_slots"]
     assert main(["throughput", "--out", str(tmp_path / "o"), "--anchors", "4,x"]) == 2
+    assert main(["throughput", "--out", str(tmp_path / "o"), "--anchors", "4,0"]) == 2
 
 
 def test_bad_settings_are_one_error_line(tmp_path, capsys):
