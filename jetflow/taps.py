@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from . import jsonl
+
 FORMAT = 1
 HEADER = "taps.json"
 
@@ -49,7 +51,6 @@ def _check_header(out: Path, header: dict) -> None:
     """Write the header of a new cache; refuse one built under other settings."""
     path = out / HEADER
     if not path.is_file():
-        out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(header, indent=1) + "\n")
         return
     old = json.loads(path.read_text())
@@ -82,21 +83,23 @@ def build(target, data: str | Path, *, layers: tuple[int, ...], max_len: int, ou
         raise ValueError(f"max_len must be >= 3 and shard_rows >= 1, got {max_len}, {shard_rows}")
     data, out = Path(data), Path(out)
     rows = load_regenerated(data)
-    _check_header(out, header_for(target, tuple(layers), max_len, data, len(rows), shard_rows))
-    todo = [k for k in range(-(-len(rows) // shard_rows)) if not _shard(out, k)[1].is_file()]
-    own = bar is None
-    if own:
-        bar = tqdm(total=sum(len(rows[k * shard_rows:(k + 1) * shard_rows]) for k in todo), unit="seq",
-                   desc=f"taps {data.name}", disable=not progress)
-    for k in todo:
-        taps = []
-        for row in rows[k * shard_rows:(k + 1) * shard_rows]:
-            _, t = target.sequence_taps(sequence_ids(row, max_len).to(target.device), tuple(layers), logits=False)
-            taps.append(t.to(torch.bfloat16).cpu())                                     # (S, L, H)
-            bar.update(1)
-        _write_shard(out, k, taps)
-    if own:
-        bar.close()
+    out.mkdir(parents=True, exist_ok=True)
+    with jsonl.locked(out):  # a second builder of the same cache is refused
+        _check_header(out, header_for(target, tuple(layers), max_len, data, len(rows), shard_rows))
+        todo = [k for k in range(-(-len(rows) // shard_rows)) if not _shard(out, k)[1].is_file()]
+        own = bar is None
+        if own:
+            bar = tqdm(total=sum(len(rows[k * shard_rows:(k + 1) * shard_rows]) for k in todo), unit="seq",
+                       desc=f"taps {data.name}", disable=not progress)
+        for k in todo:
+            taps = []
+            for row in rows[k * shard_rows:(k + 1) * shard_rows]:
+                ids = sequence_ids(row, max_len).to(target.device)
+                taps.append(target.sequence_taps(ids, tuple(layers), logits=False)[1].to(torch.bfloat16).cpu())
+                bar.update(1)                                                           # (S, L, H) each
+            _write_shard(out, k, taps)
+        if own:
+            bar.close()
     return out
 
 

@@ -89,6 +89,14 @@ def test_a_killed_build_resumes_at_its_first_missing_shard(target, data, tmp_pat
     assert {p.name: p.read_bytes() for p in out.glob("*.npy")} == whole
 
 
+def test_a_second_builder_of_the_same_cache_is_refused(target, data, tmp_path):
+    from jetflow import jsonl
+    (tmp_path / "taps").mkdir()
+    with jsonl.locked(tmp_path / "taps"):
+        with pytest.raises(ValueError, match="being written by another process"):
+            build(target, data, layers=LAYERS, max_len=20, out=tmp_path / "taps", progress=False)
+
+
 @pytest.mark.parametrize("change", [dict(max_len=30), dict(layers=(1, 3)), dict(shard_rows=2)])
 def test_build_refuses_a_cache_of_other_settings(target, data, tmp_path, change):
     kw = dict(layers=LAYERS, max_len=20, out=tmp_path / "taps", shard_rows=3, progress=False)
