@@ -365,7 +365,7 @@ def cmd_correction_cost(args) -> int:
 
 def add_correction_cost(sub) -> None:
     from .correction_train import CostConfig
-    c = sub.add_parser("correction-cost", help="ms the path correction adds to a round, beside a verify")
+    c = sub.add_parser("correction-cost", help="the path correction's cost per round")
     add_flags(c, CostConfig)
     _add_output(c)
     c.set_defaults(func=cmd_correction_cost)

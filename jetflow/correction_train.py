@@ -39,7 +39,7 @@ class CorrectionTrainConfig:
     heldout: float = option(0.05, "share of sequences held out (by a hash of the id)")
     rank: int = option(128, "inner width of the low-rank MLP")
     candidates: int = option(32, "C: the head's top-C candidates per depth that are re-scored")
-    epochs: int = option(30, "passes over the training features")
+    epochs: int = option(6, "passes over the training features (the held-out best is kept)")
     batch_size: int = option(512, "(anchor, depth) examples per step")
     lr: float = option(2e-3, "peak AdamW learning rate (cosine to 0)")
     weight_decay: float = option(0.01, "AdamW weight decay")
@@ -183,7 +183,8 @@ def evaluate(module: PathCorrection, feats: dict, ex: torch.Tensor, out, embed, 
 def fit(cfg: CorrectionTrainConfig, feats: dict, out: torch.Tensor, embed: torch.Tensor, ckpt: Path,
         progress: bool = True) -> tuple[PathCorrection, list[dict]]:
     """AdamW on the training examples for ``cfg.epochs`` epochs (cosine schedule), the held-out slice
-    evaluated after each; ``ckpt`` (module, optimiser, history) is rewritten per epoch and resumed from."""
+    evaluated after each; returns the module of the epoch with the least held-out loss. ``ckpt`` (module,
+    optimiser, history, that best state) is rewritten per epoch and resumed from."""
     torch.manual_seed(cfg.seed)
     module = PathCorrection(CorrectionConfig(out.shape[1], cfg.rank, cfg.candidates))
     opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -191,10 +192,11 @@ def fit(cfg: CorrectionTrainConfig, feats: dict, out: torch.Tensor, embed: torch
     steps = math.ceil(len(train_ex) / cfg.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * min(i / (cfg.epochs * steps), 1))))
     history = [{"epoch": 0, **evaluate(module, feats, held_ex, out, embed)}]
+    best = {k: v.clone() for k, v in module.state_dict().items()}  # the epoch of least held-out loss so far
     if ckpt.is_file():
         state = torch.load(ckpt)
         module.load_state_dict(state["module"]); opt.load_state_dict(state["opt"]); sched.load_state_dict(state["sched"])
-        history = state["history"]
+        history, best = state["history"], state["best"]
     bar = tqdm(total=cfg.epochs * steps, initial=(len(history) - 1) * steps, desc="train-correction", disable=not progress)
     for epoch in range(len(history), cfg.epochs + 1):
         order = train_ex[torch.randperm(len(train_ex), generator=torch.Generator().manual_seed(cfg.seed + epoch))]
@@ -207,10 +209,13 @@ def fit(cfg: CorrectionTrainConfig, feats: dict, out: torch.Tensor, embed: torch
             bar.update(1)
         history.append({"epoch": epoch, "train_loss": total / len(train_ex), **evaluate(module, feats, held_ex, out, embed)})
         bar.set_postfix(held=f"{history[-1]['loss']:.3f}", off=f"{history[-1]['off_corr_acc']:.3f}")
+        if history[-1]["loss"] <= min(h["loss"] for h in history):
+            best = {k: v.detach().clone() for k, v in module.state_dict().items()}
         torch.save({"module": module.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                    "history": history}, ckpt.with_suffix(".tmp"))
+                    "history": history, "best": best}, ckpt.with_suffix(".tmp"))
         ckpt.with_suffix(".tmp").rename(ckpt)
     bar.close()
+    module.load_state_dict(best)  # few sequences overfit in a few epochs: keep the held-out best
     return module.eval(), history
 
 
@@ -234,7 +239,8 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
                   "data": portable_path(Path(cfg.data).expanduser()), "sequences": len(rows),
                   "sequence_ids_sha256": hashlib.sha256("\n".join(r["id"] for r in rows).encode()).hexdigest(),
                   "anchors": int(feats["truth"].shape[0]), "heldout_anchors": int(feats["heldout"].sum()),
-                  "head": head_dir.name, "features": f"{cfg.dtype} target taps, fp32 head", "history": history}
+                  "head": head_dir.name, "features": f"{cfg.dtype} target taps, fp32 head",
+                  "kept_epoch": min(history, key=lambda h: h["loss"])["epoch"], "history": history}
     return module.save(head_dir, provenance)
 
 

@@ -79,7 +79,8 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # make results, beyond the paper: the path-conditioned correction (jetflow-pc) against the same builder
     # without it (jetflow-bp) and DDTree, and the diagnosis before/after it (GSM8K and held-out training prompts)
     Entry("cpu-replay-correction", ("replay", "--methods", "jetflow-pc,jetflow-bp,ddtree", "--limit", str(TREES_LIMIT),
-                                    "--max-new-tokens", "256", *REPLAY_DATASETS), "results", 7),
+                                    "--max-new-tokens", "256", "--datasets", "gsm8k,math500,mt_bench",
+                                    *REPLAY_DATASETS[2:]), "results", 7),
     Entry("cpu-diagnosis-correction", ("diagnose", "--limit", str(TREES_LIMIT), "--max-new-tokens", "256", "--datasets",
                                        "gsm8k", "--heldout", "24"), "results", 7),
     Entry("cpu-correction-cost", ("correction-cost",), "correction-cost", 1),  # timed: run it through /work/timed
