@@ -271,6 +271,7 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     builder's difference, also as a fraction of the verify pass. All timed in one process, interleaved."""
     from .data import load_prompts
     from .decode import verify_step
+    from .target import keep_path
     from .proposers import make_proposer
     from .provenance import environment
     from .target import load_target
@@ -296,7 +297,7 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
 
             def verify():
                 verify_step(target, tree, cache, proposer.taps)
-                cache.crop(past)
+                keep_path(cache, past, [])  # back to the prefix for the next repetition
             ms = {"head_ms": _median_ms(lambda: proposer.head.draft_block(state.head, anchor, proposer.embed), cfg.reps),
                   "table_ms": _median_ms(lambda: proposer.paths(hidden, logp), cfg.reps),
                   "build_pc_ms": _median_ms(lambda: path_prefix(logp, b, anchor, paths), cfg.reps),
