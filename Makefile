@@ -53,6 +53,11 @@ compiled: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) -m jetflow results cpu-compiled
 
+# training throughput, cached taps vs the online target (docs/scale.md): one thread, the machine to itself
+.PHONY: throughput
+throughput: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-train-throughput
+
 RUN_GROUP = set -e; for batch in $$($(PY) -m jetflow results --batches $(1)); do \
 	    echo $$batch | tr , '\n' | OMP_NUM_THREADS=1 xargs -P 2 -I NAME $(PY) -m jetflow results NAME; \
 	done; $(PY) -m jetflow report --write

@@ -252,6 +252,12 @@ def _fp32_count(results: Path) -> str:
     return f"In fp32, {same} of {total} decoded outputs of the committed runs are identical to AR's."
 
 
+def train_throughput(results: Path, name: str = "cpu-train-throughput") -> str:
+    """Training slots per second, cached taps vs the online target (docs/scale.md)."""
+    from .throughput import table
+    return table(load(results, name))
+
+
 GRID = tuple(f"cpu-table-bf16-{ds}" for ds in ("gsm8k", "math500", "humaneval", "mt_bench"))
 TABLES: dict[str, Callable[[Path], str]] = {
     "replay-tau": replay_tau,
@@ -268,12 +274,14 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "headline": headline,
     "cli-help": lambda res: cli_help(),
     "replay-trees": trees_vs_ddtree,
+    "train-throughput": train_throughput,
 }
 
 
 DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout) -> its tables
     "README.md": ("headline",),
     "docs/cli.md": ("cli-help",),
+    "docs/scale.md": ("train-throughput",),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees"),
 }

@@ -38,8 +38,9 @@ class Entry:
         """rows -> the folder's table.md (the subcommand's own table)."""
         from .profile import diagnosis_markdown
         from .speed import to_markdown as speed_markdown
-        return {"replay": replay_markdown, "diagnose": diagnosis_markdown,
-                "speed": speed_markdown}.get(self.argv[0], bench_markdown)
+        from .throughput import to_markdown as throughput_markdown
+        return {"replay": replay_markdown, "diagnose": diagnosis_markdown, "speed": speed_markdown,
+                "throughput": throughput_markdown}.get(self.argv[0], bench_markdown)
 
 
 def _bench(name, group, batch, methods, dataset, budgets, dtype, *extra) -> Entry:
@@ -79,6 +80,8 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                                     *COMMON, *REPLAY_DATASETS), "merged", 4),
     # eager vs compiled vs llama.cpp (docs/compiled.md): its own settings (3 prompts, 64 tokens, 2 threads)
     Entry("cpu-compiled", ("speed",), "compiled", 1),
+    # training throughput, cached taps vs the online target forward (docs/scale.md): 1 thread, bf16 target
+    Entry("cpu-train-throughput", ("throughput",), "throughput", 1),
 )}
 GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
 

@@ -37,6 +37,14 @@ def test_the_entry_reproduces_the_committed_folder(name):
         assert rows[0]["kind"] == "setup" and rows[0]["config"]["limit"] == speed.config_of(args).limit
         assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
         return
+    if results.entry(name).argv[0] == "throughput":  # every row holds the run's settings
+        from jetflow.throughput import SOURCES, ThroughputConfig
+        args = build_parser().parse_args(results.command(name))
+        cfg = ThroughputConfig(**given(args, ThroughputConfig))
+        assert [(r["anchors"], r["taps"]) for r in rows] == [(a, s) for a in cfg.anchors for s in SOURCES]
+        assert {r["steps"] for r in rows} == {cfg.steps} and {r["dtype"] for r in rows} == {cfg.dtype}
+        assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
+        return
     cfg = config_of(name)
     if isinstance(cfg, DiagnoseConfig):
         assert list(dict.fromkeys(r["dataset"] for r in rows)) == list(cfg.datasets)
