@@ -1,7 +1,8 @@
 """Training across processes: ``accelerate launch --multi_gpu --num_processes 2`` with
 ACCELERATE_USE_CPU=1 (two CPU processes, DDP over gloo; ``--cpu --num_processes 2`` would start one
 process, see docs/distributed.md) runs ``python -m jetflow train`` on a tiny random target saved to
-disk. Two processes give the weights of one process with the same global batch; a two-process run
+disk. Two processes give the weights of one process with the same global batch (the target online,
+or cached taps that each process reads its sequences' rows of); a two-process run
 SIGKILLed with its launcher after a checkpoint resumes to the weights of an uninterrupted one, on two
 processes or on one. The example configs of configs/accelerate load and select the launcher they say.
 
@@ -37,7 +38,9 @@ from safetensors.torch import load_file
 
 from fakes import tiny_model
 from jetflow import train as train_mod  # check_launch, _is_main and their variables
-from jetflow.train import TrainConfig, train
+from jetflow.target import load_target
+from jetflow.taps import build
+from jetflow.train import TrainConfig, build_head, train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "accelerate"
@@ -81,16 +84,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(cfg: TrainConfig) -> subprocess.Popen:
-    """``accelerate launch`` of ``python -m jetflow train`` as two CPU processes, in a session of its own,
-    its output in OUT.log beside the run's folder."""
+def launch(cfg: TrainConfig, *extra: str) -> subprocess.Popen:
+    """``accelerate launch`` of ``python -m jetflow train ... EXTRA`` as two CPU processes, in a session of
+    its own, its output in OUT.log beside the run's folder."""
     argv = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
             "--main_process_port", str(free_port()), "-m", "jetflow", "train", "--preset", "smoke",
             "--data", cfg.data, "--out", cfg.out, "--model", cfg.model,
             "--seqs-per-step", str(cfg.seqs_per_step), "--steps", str(cfg.steps),
             "--save-every", str(cfg.save_every), "--eval-every", str(cfg.eval_every),
-            "--set", f"block_size={cfg.block_size}", "--set", f"dtype={cfg.dtype}"]
+            "--set", f"block_size={cfg.block_size}", "--set", f"dtype={cfg.dtype}", *extra]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "ACCELERATE_USE_CPU": "1"}
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     with open(Path(cfg.out).with_suffix(".log"), "w") as log:
@@ -142,6 +145,18 @@ def assert_history_close(a: list[dict], b: list[dict], atol: float) -> None:
                                                               or x["loss"] == pytest.approx(y["loss"], abs=atol))
 
 
+def taps_source(files: dict, taps: str, folder: Path) -> tuple[dict, list[str]]:
+    """(config fields, train flags) of the taps source: the target online, or a taps cache built in folder."""
+    if taps == "online":
+        return {}, []
+    cfg = config(files, folder / "unused")
+    target = load_target(cfg.model, dtype=cfg.dtype)
+    build(target, cfg.data, layers=build_head(cfg, target).config.target_layer_ids, max_len=cfg.max_len,
+          out=folder, progress=False)
+    return dict(taps="cached", loss="ce", taps_dir=str(folder)), ["--taps", "cached", "--loss", "ce",
+                                                                  "--taps-dir", str(folder)]
+
+
 @pytest.fixture(scope="module")
 def two(files, tmp_path_factory) -> Path:
     """An uninterrupted two-process run."""
@@ -153,15 +168,21 @@ def two(files, tmp_path_factory) -> Path:
 # ----------------------------------------------------------------------------- the tests
 @pytest.mark.slow
 @ON_CPU
-def test_two_processes_train_the_weights_of_one(files, two, tmp_path):
+@pytest.mark.parametrize("taps", ["online", "cached"])
+def test_two_processes_train_the_weights_of_one(files, two, taps, tmp_path):
+    fields, flags = taps_source(files, taps, tmp_path / "taps")
+    if taps == "cached":  # the online run is the module's
+        cfg = config(files, tmp_path / "two", **fields)
+        finish(launch(cfg, *flags), cfg)
+        two = Path(cfg.out)
     assert sorted(p.name for p in (two / "checkpoint").glob("random_states_*.pkl")) == \
         ["random_states_0.pkl", "random_states_1.pkl"]  # two processes took part
-    train(config(files, tmp_path / "one"), progress=False)
+    train(config(files, tmp_path / "one", **fields), progress=False)
     assert max_diff(weights(two), weights(tmp_path / "one")) <= ATOL
     assert_history_close(history(two), history(tmp_path / "one"), ATOL)
     tokens = [json.loads((d / "provenance.json").read_text())["tokens"] for d in (two, tmp_path / "one")]
     assert tokens[0] == tokens[1] and tokens[0]["supervised_slots"] > 0  # the same sequences and anchors
-    train(config(files, tmp_path / "half", seqs_per_step=2), progress=False)  # another global batch
+    train(config(files, tmp_path / "half", seqs_per_step=2, **fields), progress=False)  # another global batch
     assert max_diff(weights(two), weights(tmp_path / "half")) > 100 * ATOL
 
 
