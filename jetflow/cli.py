@@ -283,7 +283,7 @@ def cmd_taps(args) -> int:
 
 
 def add_taps(sub) -> None:
-    t = sub.add_parser("taps", help="cache the target's taps for training")
+    t = sub.add_parser("taps", help="cache the target's taps of regenerated data (resumable)")
     add_flags(t, TapsConfig)
     t.set_defaults(func=cmd_taps)
 
@@ -306,12 +306,12 @@ def cmd_unpack(args) -> int:
 
 
 def add_pack(sub) -> None:
-    p = sub.add_parser("pack", help="pack regenerated ids to publish")
+    p = sub.add_parser("pack", help="pack regenerated ids compactly to publish (+ provenance)")
     p.add_argument("--data", required=True, help="regenerated JSONL or a chunked folder")
     p.add_argument("--parts", type=int, default=0, help="with a chunked folder: its first K parts (0: all)")
     p.add_argument("--out", required=True, help="folder for the .npz files and provenance.json")
     p.set_defaults(func=cmd_pack)
-    u = sub.add_parser("unpack", help="packed ids back to JSONL files")
+    u = sub.add_parser("unpack", help="turn packed ids back into the JSONL files (sha256 checked)")
     u.add_argument("--packed", required=True, help="a folder written by `jetflow pack`")
     u.add_argument("--out", required=True, help="folder for the JSONL files")
     u.set_defaults(func=cmd_unpack)
@@ -529,7 +529,7 @@ def cmd_throughput(args) -> int:
 
 def add_throughput(sub) -> None:
     from .throughput import ThroughputConfig
-    t = sub.add_parser("throughput", help="training slots/s: cached vs online taps")
+    t = sub.add_parser("throughput", help="training slots/s: cached taps vs the online target")
     add_flags(t, ThroughputConfig)
     t.set_defaults(func=cmd_throughput)
 
@@ -547,8 +547,8 @@ def add_speed(sub) -> None:
 
 
 SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_pack, add_taps, add_train, add_bench, add_replay, add_profile,
-               add_train_correction, add_correction_cost, add_diagnose, add_speed, add_throughput, add_report, add_results,
-               add_gpu_check]
+               add_train_correction, add_correction_cost, add_diagnose, add_speed, add_throughput, add_report,
+               add_results, add_gpu_check]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,9 @@ no_grad and its embedding and lm_head enter the graph detached: only head parame
 
 Resume is exact: data order and anchors are pure functions of (seed, data position), and the
 checkpoint holds the head, AdamW, scheduler and RNG states (``accelerate.save_state``).
+Across processes (``accelerate launch --multi_gpu``, docs/distributed.md) each process takes every N-th
+sequence of a step and DDP averages the gradients: the weights do not depend on the number of
+processes, up to float rounding (tests/test_distributed.py), and a run may resume on another number.
 CPU note: beside another torch job on 2 cores, run with OMP_NUM_THREADS=1; oversubscribed threads
 made one 180-token SmolLM2 forward take 7.6 s instead of 0.15 s.
 """
@@ -33,6 +36,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import shutil
 import time
 from collections import Counter
@@ -339,7 +343,8 @@ def save_checkpoint(run: TrainingRun, progress: Progress) -> None:
     if run.accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)  # a save cut short: never the only copy
     run.accelerator.wait_for_everyone()
-    run.accelerator.save_state(str(tmp))
+    run.accelerator.save_state(str(tmp))  # every process writes its RNG state; the main one the rest
+    run.accelerator.wait_for_everyone()   # all of them in tmp before train_state.json marks it whole
     if run.accelerator.is_main_process:
         state = asdict(progress) | {"config": asdict(run.cfg), "data_sha256": run.data_sha256}
         (tmp / "train_state.json").write_text(json.dumps(state, indent=1) + "\n")  # written last: marks tmp whole
@@ -468,6 +473,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
     if not indexed:
         raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
     accelerator = Accelerator(step_scheduler_with_optimizer=False)  # one global step = one scheduler step
+    check_launch(accelerator)
     if cfg.seqs_per_step % accelerator.num_processes:
         raise ValueError(f"seqs_per_step ({cfg.seqs_per_step}) must be a multiple of the number of "
                          f"processes ({accelerator.num_processes})")
@@ -534,10 +540,40 @@ def check_out(out: str | Path) -> None:
                          "training would overwrite it: choose a new or empty --out")
 
 
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")  # torchrun, then mpirun's
+WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def _launched(names: tuple[str, ...], default: str) -> str:
+    """The first of the launcher's variables ``names`` that is set (read before accelerate starts)."""
+    return next((os.environ[k] for k in names if k in os.environ), default)
+
+
 def _is_main() -> bool:
-    """Whether this is the main process of an ``accelerate launch`` (only it writes to out/)."""
-    import os
-    return os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
+    """Whether this is the main process of an ``accelerate launch`` (only it takes out/'s lock and writes
+    there); read from the launcher's environment, before the Accelerator exists."""
+    return _launched(RANK_VARS, "0") == "0"
+
+
+SHARDED = ("FSDP", "DEEPSPEED", "MEGATRON_LM")  # accelerate's DistributedType names this loop does not drive
+
+
+def check_launch(accelerator) -> None:
+    """Refuse a launch this loop cannot train correctly. (1) torchrun started N processes but accelerate
+    joined fewer (``accelerate launch --multi_gpu`` without a GPU per process, unless ACCELERATE_USE_CPU=1):
+    each would train the whole batch alone and all would write the same out/. (2) Sharded training:
+    evaluation calls the head outside the prepared module, the main process alone saves the final head
+    (it holds only its shard), and under DeepSpeed every backward would step the optimiser (see
+    docs/distributed.md); only data parallelism (DDP, one whole head per process) is supported."""
+    launched = int(_launched(WORLD_VARS, "1"))
+    if launched != accelerator.num_processes:
+        raise ValueError(f"launched as {launched} processes but accelerate joined {accelerator.num_processes}: "
+                         "without a GPU per process, set ACCELERATE_USE_CPU=1 to train on CPU processes "
+                         "(gloo); see docs/distributed.md")
+    if accelerator.distributed_type in SHARDED:  # a str enum: equal to its name
+        kind = getattr(accelerator.distributed_type, "value", accelerator.distributed_type)
+        raise ValueError(f"training under {kind} is not supported (only data parallelism: accelerate launch "
+                         "--multi_gpu); see docs/distributed.md")
 
 
 def _loop(run: TrainingRun, state: Progress, history: list[dict], end: int, progress: bool) -> dict:
