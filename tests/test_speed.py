@@ -6,8 +6,8 @@ from jetflow.speed import SpeedConfig, agreement_rows, decode_rows, to_markdown,
 
 
 def fake_runs():
-    """(path, method) -> repeats -> per prompt (tokens, decode tokens, decode seconds, tau)."""
-    run = lambda tokens, secs, tau=1.0: ([1] * tokens, tokens - 1, secs, tau)
+    """(path, method) -> repeats -> per prompt (tokens, decode tokens, decode seconds, tau, draft seconds, rounds)."""
+    run = lambda tokens, secs, tau=1.0: ([1] * tokens, tokens - 1, secs, tau, secs / 4, round((tokens - 1) / tau))
     return {("eager", "ar"): [[run(11, 1.0), run(21, 2.0)], [run(11, 2.0), run(21, 3.0)]],
             ("eager", "jetflow"): [[run(11, 0.5, 2.0), run(21, 1.0, 2.0)], [run(11, 0.5, 2.0), run(21, 2.0, 2.0)]],
             ("compiled", "ar"): [[run(11, 0.5), run(21, 1.0)], [run(11, 1.0), run(21, 1.5)]],
@@ -22,6 +22,9 @@ def test_decode_rows_take_totals_over_prompts_then_medians_over_repeats():
     assert rows[("eager", "jetflow")]["tau"] == 2.0 and rows[("eager", "jetflow")]["budget"] == 16
     assert rows[("compiled", "ar")]["vs_eager_ar"] == pytest.approx(((30 / 1.5) / 10 + (30 / 2.5) / 6) / 2)
     assert rows[("llama.cpp", "ar")]["speedup"] == 1.0 and rows[("llama.cpp", "ar")]["identical_to_ar"] == 2
+    # jetflow's repeats: 1.5 s and 2.5 s over 5 + 10 rounds, a quarter of it drafting
+    assert rows[("eager", "jetflow")]["draft_ms"] == pytest.approx(1e3 * (1.5 + 2.5) / 4 / 2 / 15)
+    assert rows[("eager", "jetflow")]["verify_ms"] == pytest.approx(3 * rows[("eager", "jetflow")]["draft_ms"])
 
 
 @pytest.mark.parametrize("kwargs,message", [({"threads": 0}, "must be >= 1"), ({"verify_sizes": (9, 17)}, "include 1"),
@@ -52,7 +55,10 @@ def test_markdown_renders_every_part():
     rows = [{"kind": "setup", "hardware": "a CPU", "torch": "t", "transformers": "x", "gguf": "g.gguf",
              "llama_cpp": "0.3", "inductor_cache_files_before": 0, "prompts": ["p0", "p1"],
              "config": {**cfg.__dict__}},
-            {"kind": "compile", "size": 1, "seconds": 12.0},
+            {"kind": "compile", "graph": "target", "size": 1, "seconds": 12.0},
+            {"kind": "compile", "graph": "draft:jetflow", "size": None, "seconds": 7.0},
+            *[{"kind": "draft", "method": "jetflow", "path": p, "context": 256, "dtype": "bfloat16", "seconds": s,
+               "max_abs_diff": 0.001, "argmax_differs": 0} for p, s in (("eager", 0.004), ("compiled", 0.002))],
             {"kind": "verify", "path": "eager", "size": 1, "seconds": 0.05, "ar_steps": 1.0},
             {"kind": "verify", "path": "eager", "size": 17, "seconds": 0.09, "ar_steps": 1.8},
             {"kind": "exactness", "method": "jetflow", "identical_to_compiled_ar": 2, "n_prompts": 2},
@@ -62,3 +68,4 @@ def test_markdown_renders_every_part():
     text = to_markdown(rows)
     assert "a CPU" in text and "| llama.cpp | ar |" in text and "90.0 (1.80)" in text
     assert "jetflow 2/2" in text and "first differs at token 40 (top-2 gap 0.01)" in text
+    assert "1 tokens 12 s, draft:jetflow 7 s" in text and "| jetflow | bfloat16 | 4.00 | 2.00 | 0.001 | 0 |" in text
