@@ -17,6 +17,7 @@ AR against eager AR, with the target's top-2 logit gap where the two first diffe
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -288,6 +289,7 @@ def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None, eager: Target | Non
              "transformers": transformers.__version__, "gguf": embedded_gguf().name,
              "llama_cpp": _llama_cpp_version() if llm is not None else None,
              "inductor_cache_files_before": _inductor_entries(), "prompts": [p["id"] for p in items],
+             "load_average_before": os.getloadavg()[0],
              "config": asdict(cfg)}
     sizes = tuple(sorted({*cfg.verify_sizes, compile_cfg.padded(cfg.budget + 1)}))
     steps = len(sizes) + 1 + (0 if warmup else cfg.verify_repeats + 1 + cfg.repeats * len(prompts)
@@ -316,6 +318,7 @@ def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None, eager: Target | Non
         llm.close()
     rows += exactness_rows(compiled, prompts, ar_compiled, cfg, bar.update)
     bar.close()
+    setup["load_average_after"] = os.getloadavg()[0]  # 1-minute load: how much else shared the cores
     return rows
 
 
@@ -335,7 +338,9 @@ def to_markdown(rows: list[dict]) -> str:
     by = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
     setup = by["setup"][0]
     cfg = setup["config"]
+    load = " -> ".join(f"{setup[k]:.1f}" for k in ("load_average_before", "load_average_after") if k in setup)
     lines = [f"# Compiled target, {cfg['dtype']}, {cfg['threads']} threads: {setup['hardware']}", "",
+             *([f"Load average (1 min) at the start and the end of the run: {load}.", ""] if load else []),
              f"{cfg['dataset']}, first {cfg['limit']} prompts, greedy, {cfg['max_new_tokens']} new tokens, "
              f"budget {cfg['budget']}; medians over {cfg['repeats']} interleaved repeats, prefill excluded. "
              "speedup = tokens/s over the same path's AR; vs eager AR = over eager AR in the same repeat.", "",
