@@ -34,9 +34,10 @@ from .compiled import QUERY_SIZES, CompileConfig, compile_target
 from .decode import generate
 from . import methods as registry
 from .proposers import LookupMerged, make_proposer
+from .speed_bounds import PROBES, probe_rows, profile_rows
 from .target import Target, embedded_gguf, load_target
 
-KINDS = ("setup", "compile", "verify", "draft", "decode", "exactness", "ar-agreement")
+KINDS = ("setup", "compile", "verify", "draft", "decode", "exactness", "ar-agreement", "profile", "probe")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class SpeedConfig:
     cache_len: int = 512                           # the compiled target's static cache (attention spans it all)
     llama_cpp: bool = True
     exact_methods: tuple[str, ...] = registry.names(lambda m: m.decodes and m.name != "ar")  # vs compiled AR
+    profile_sizes: tuple[int, ...] = (1, 17)       # verify forwards split into lm_head / linears / attention / other
+    probes: tuple[str, ...] = tuple(PROBES)        # the verify curve again under one change each (speed_bounds)
 
     def __post_init__(self):
         if self.threads < 1 or self.limit < 1 or self.repeats < 1 or self.verify_repeats < 1:
@@ -66,6 +69,8 @@ class SpeedConfig:
         unknown = [m for m in (*self.methods, *self.exact_methods) if m not in decoding]
         if unknown:
             raise ValueError(f"unknown or AR methods {unknown}; AR is always measured")
+        if set(self.probes) - set(PROBES):
+            raise ValueError(f"unknown probes {sorted(set(self.probes) - set(PROBES))}; choose from {', '.join(PROBES)}")
 
 
 # ----------------------------------------------------------------------------- llama.cpp
@@ -293,7 +298,7 @@ def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None, eager: Target | Non
              "config": asdict(cfg)}
     sizes = tuple(sorted({*cfg.verify_sizes, compile_cfg.padded(cfg.budget + 1)}))
     steps = len(sizes) + 1 + (0 if warmup else cfg.verify_repeats + 1 + cfg.repeats * len(prompts)
-                              + len(cfg.exact_methods))
+                              + len(cfg.exact_methods) + 1 + len(cfg.probes))
     bar = tqdm(total=steps, desc="speed (compile, verify, draft, decode, exactness)", unit="step")
     rows = [setup]
     for k in sizes:  # graph by graph (each compiles or loads from inductor's cache on first use)
@@ -317,6 +322,10 @@ def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None, eager: Target | Non
     if llm is not None:
         llm.close()
     rows += exactness_rows(compiled, prompts, ar_compiled, cfg, bar.update)
+    rows += profile_rows(paths, cfg.profile_sizes, cfg.past_len) if cfg.profile_sizes else []
+    bar.update()
+    del paths, compiled, proposers
+    rows += probe_rows(eager, cfg, cfg.probes, verify_rows, bar.update)
     bar.close()
     setup["load_average_after"] = os.getloadavg()[0]  # 1-minute load: how much else shared the cores
     return rows
@@ -373,10 +382,30 @@ def to_markdown(rows: list[dict]) -> str:
     lines += ["", "Compile seconds per graph (first call; inductor cache files before the run: "
               f"{setup['inductor_cache_files_before']}): "
               + ", ".join(f"{r['size']} tokens {r['seconds']:.0f} s" if r.get("graph", "target") == "target"
-                          else f"{r['graph']} {r['seconds']:.0f} s" for r in by["compile"]) + ".", ""]
+                          else f"{r['graph']}{'' if r['size'] is None else ' ' + str(r['size'])} {r['seconds']:.0f} s"
+                          for r in by["compile"]) + ".", ""]
     lines += ["Exactness (greedy, compiled): " + ", ".join(
         f"{r['method']} {r['identical_to_compiled_ar']}/{r['n_prompts']}" for r in by["exactness"])
         + " prompts identical to compiled AR.", ""]
+    if by["profile"]:
+        lines += ["Where a verify forward's time goes (ms per forward, torch.profiler self times over a "
+                  f"{cfg['past_len']}-token prefix; other = norms, RoPE, fused kernels, cache writes, Python):", "",
+                  "| path | tokens | total | lm_head | linears | attention | other |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['path']} | {r['size']} | " + " | ".join(f"{r[k]:.1f}" for k in
+                  ("total_ms", "lm_head", "linears", "attention", "other")) + " |" for r in by["profile"]]
+        lines.append("")
+    if by["probe"]:
+        lines += ["The verify curve under one change each (ms, AR steps of the same probe and path in parentheses):", "",
+                  "| probe | path | dtype | cache_len | freezing | " + " | ".join(f"{k} tokens" for k in sizes) + " |",
+                  "|---" * (len(sizes) + 5) + "|"]
+        probe = {(r["probe"], r["path"], r["size"]): r for r in by["probe"]}
+        for key in dict.fromkeys((r["probe"], r["path"]) for r in by["probe"]):
+            first = probe[next(k for k in probe if k[:2] == key)]
+            cells = [f"{1e3 * probe[(*key, k)]['seconds']:.1f} ({probe[(*key, k)]['ar_steps']:.2f})"
+                     if (*key, k) in probe else "-" for k in sizes]
+            lines.append(f"| {key[0]} | {key[1]} | {first['dtype']} | {first['cache_len']} | {first['freezing']} | "
+                         + " | ".join(cells) + " |")
+        lines.append("")
     lines += ["Compiled AR against eager AR: " + "; ".join(
         f"{r['prompt']}: " + ("identical" if r["first_difference"] is None else
                               f"first differs at token {r['first_difference']} (top-2 gap {r['top2_gap_there']:.3g})")

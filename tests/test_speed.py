@@ -69,3 +69,32 @@ def test_markdown_renders_every_part():
     assert "a CPU" in text and "| llama.cpp | ar |" in text and "90.0 (1.80)" in text
     assert "jetflow 2/2" in text and "first differs at token 40 (top-2 gap 0.01)" in text
     assert "1 tokens 12 s, draft:jetflow 7 s" in text and "| jetflow | bfloat16 | 4.00 | 2.00 | 0.001 | 0 |" in text
+
+
+def test_profile_rows_split_a_forward_into_its_parts(tiny_target):
+    from jetflow.speed_bounds import profile_rows
+    rows = profile_rows({"eager": tiny_target}, (1, 5), past_len=8, calls=2)
+    assert [(r["path"], r["size"]) for r in rows] == [("eager", 1), ("eager", 5)]
+    for r in rows:  # the tiny target's lm_head has a vocabulary-sized operand, its layers linears and SDPA
+        assert r["lm_head"] > 0 and r["linears"] > 0 and r["attention"] > 0
+        assert r["other"] == pytest.approx(r["total_ms"] - r["lm_head"] - r["linears"] - r["attention"])
+
+
+def test_probe_names_are_checked():
+    with pytest.raises(ValueError, match="unknown probes"):
+        SpeedConfig(probes=("bf16", "nope"))
+
+
+def test_markdown_renders_profile_and_probe_rows():
+    cfg = SpeedConfig(limit=1)
+    verify = [{"kind": "verify", "path": "eager", "size": k, "seconds": s, "ar_steps": s / 0.05}
+              for k, s in ((1, 0.05), (17, 0.09))]
+    rows = [{"kind": "setup", "hardware": "a CPU", "torch": "t", "transformers": "x", "gguf": "g.gguf", "llama_cpp": None,
+             "inductor_cache_files_before": 0, "prompts": ["p0"], "config": {**cfg.__dict__}}, *verify,
+            {"kind": "profile", "path": "compiled", "size": 17, "total_ms": 70.0, "lm_head": 20.0, "linears": 30.0,
+             "attention": 5.0, "other": 15.0},
+            *[{**r, "kind": "probe", "probe": "bf16", "path": "compiled", "dtype": "bfloat16", "cache_len": 512,
+               "freezing": True} for r in verify[:1]]]
+    text = to_markdown(rows)
+    assert "| compiled | 17 | 70.0 | 20.0 | 30.0 | 5.0 | 15.0 |" in text
+    assert "| bf16 | compiled | bfloat16 | 512 | True | 50.0 (1.00) | - |" in text and "llama.cpp not run" in text
