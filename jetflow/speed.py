@@ -1,6 +1,6 @@
 """Eager against compiled on this machine, beside llama.cpp: the rows of ``data/results/cpu-compiled``.
 
-    python -m jetflow results cpu-compiled    # = python -m jetflow speed --out data/results/cpu-compiled (~40 min)
+    python -m jetflow results cpu-compiled    # = python -m jetflow speed --out data/results/cpu-compiled (~7 min idle)
 
 One process measures, interleaved so that a shared machine's load hits every path alike (medians
 over repeats): the compile seconds of every graph (the target's query sizes and each head's draft
