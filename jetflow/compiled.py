@@ -193,7 +193,6 @@ class StaticEngine:
             self.graphs[size] = torch.compile(self._eager, dynamic=False, mode=mode)
         return self.graphs[size]
 
-
     def run(self, handle: StaticKV, ids: torch.Tensor, positions: torch.Tensor,
             mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids, positions (T,) after the live rows -> (logits (T, V), hidden (layers + 1, T, H))."""

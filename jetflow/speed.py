@@ -1,6 +1,6 @@
 """Eager against compiled on this machine, beside llama.cpp: the rows of ``data/results/cpu-compiled``.
 
-    python -m jetflow results cpu-compiled    # = python -m jetflow speed --out data/results/cpu-compiled (~7 min idle)
+    python -m jetflow results cpu-compiled    # = python -m jetflow speed --out data/results/cpu-compiled (~10 min on an idle machine)
 
 One process measures, interleaved so that a shared machine's load hits every path alike (medians
 over repeats): the compile seconds of every graph (the target's query sizes and each head's draft
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -427,6 +428,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--methods", type=_names, default=SpeedConfig.methods, help="head methods timed beside AR (comma list)")
     parser.add_argument("--exact-methods", type=_names, default=SpeedConfig.exact_methods,
                         help='methods checked against compiled AR (comma list; "" for none)')
+    parser.add_argument("--probes", type=_names, default=SpeedConfig.probes,
+                        help='verify curves under one change each (comma list of speed_bounds.PROBES; "" for none)')
     parser.add_argument("--warmup", action="store_true",
                         help="only compile the same graphs (fills inductor's cache for a timed run); writes nothing")
 
@@ -438,7 +441,7 @@ def _names(text: str) -> tuple[str, ...]:
 def config_of(args) -> SpeedConfig:
     return SpeedConfig(dtype=args.dtype, threads=args.threads, limit=args.limit, max_new_tokens=args.max_new_tokens,
                        repeats=args.repeats, llama_cpp=not args.no_llama_cpp, methods=args.methods,
-                       exact_methods=args.exact_methods)
+                       exact_methods=args.exact_methods, probes=args.probes)
 
 
 def run_args(args) -> int:
@@ -447,7 +450,8 @@ def run_args(args) -> int:
             print(f"compiled {r['graph']} {r['size'] or ''} in {r['seconds']:.1f} s")
         return 0
     if not args.out:
-        raise SystemExit("speed: --out is required (or --warmup)")
+        print("error: speed: --out is required (or --warmup)", file=sys.stderr)
+        return 2  # the CLI's bad-input exit status
     rows = measure(config_of(args))
     print(to_markdown(rows))
     write(rows, args.out, to_markdown)
