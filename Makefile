@@ -92,6 +92,14 @@ screenshots: $(STAMP)
 # (outside the repository) until jetflow-more and dflash-more are copied to data/heads/smollm2-135m-{jetflow,dflash}.
 HEADS_WORK ?= $(HOME)/.cache/jetflow/heads
 HEAD_ARGS  ?= --preset cpu --loss ce --seqs-per-step 2 --anchors 64 --draft-vocab 8192
+# Beyond the paper (issue 19): the path correction beside the causal head (features of 256 regenerated answers,
+# one bf16 target forward each, then 6 cheap epochs of the small module, the held-out best kept; ~20 minutes on one core), then what it
+# costs per round beside a verify pass (a timing: on a shared machine run it alone, e.g. through a lock).
+.PHONY: correction
+correction: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow train-correction --max-seqs 256 --epochs 6
+	$(PY) -m jetflow results cpu-correction-cost
+
 .PHONY: heads
 heads: $(STAMP)
 	mkdir -p $(HEADS_WORK)

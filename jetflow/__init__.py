@@ -19,7 +19,9 @@ Entry points
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and the builders
   ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree), and beyond the paper
   ``top2gap``, ``calibrated_prefix`` and ``profile_prefix`` (the last two read an
-  ``AcceptanceProfile``), taking per-depth log-probs (D, V); ``merge(first, second, budget)`` (one trie of both);
+  ``AcceptanceProfile``), taking per-depth log-probs (D, V), and ``path_prefix`` (also the round's path
+  table (D-1, C, C) of ``jetflow.correction``: each parent's own corrected child row);
+  ``merge(first, second, budget)`` (one trie of both);
   ``ancestor_mask(parents) -> (N+1, N+1)``.
 - ``verify``: ``tree_attention_mask``, ``greedy_accept`` and ``sample_accept``
   (tree, logits (N+1, V)) -> (accepted node path, bonus token).
@@ -47,7 +49,8 @@ Entry points
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
   ``jetflow.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
   ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
-  ``jetflow.viz_trees`` (its figures), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
+  ``jetflow.viz_trees`` (its figures), ``jetflow.correction`` (the path-conditioned correction:
+  ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.correction_train``), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
   ``python -m jetflow.speed --out DIR``).
 
 Methods (``jetflow.methods``, in report order):

@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|profile|diagnose|speed|report|results``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|profile|train-correction|correction-cost|diagnose|speed|report|results``.
 
 The flags of ``regenerate``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
@@ -339,6 +339,38 @@ def add_profile(sub) -> None:
     p.set_defaults(func=cmd_profile)
 
 
+def cmd_train_correction(args) -> int:
+    from .correction_train import CorrectionTrainConfig, train_correction
+    print(train_correction(CorrectionTrainConfig(**given(args, CorrectionTrainConfig)), progress=not args.quiet))
+    return 0
+
+
+def add_train_correction(sub) -> None:
+    from .correction_train import CorrectionTrainConfig
+    p = sub.add_parser("train-correction", help="train the path correction beside the causal head")
+    add_flags(p, CorrectionTrainConfig)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train_correction)
+
+
+def cmd_correction_cost(args) -> int:
+    from .correction_train import CostConfig, correction_cost, cost_markdown
+    from .report import write_rows
+    rows = correction_cost(CostConfig(**given(args, CostConfig)))
+    if args.out:
+        print(f"wrote {write_rows(rows, args.out, cost_markdown)}", file=sys.stderr)
+    print("\n".join(json.dumps(r) for r in rows) if args.json else cost_markdown(rows))
+    return 0
+
+
+def add_correction_cost(sub) -> None:
+    from .correction_train import CostConfig
+    c = sub.add_parser("correction-cost", help="the path correction's cost per round")
+    add_flags(c, CostConfig)
+    _add_output(c)
+    c.set_defaults(func=cmd_correction_cost)
+
+
 def cmd_diagnose(args) -> int:
     from . import profile
     from .report import write_rows
@@ -423,8 +455,8 @@ def add_speed(sub) -> None:
     s.set_defaults(func=speed.run_args)
 
 
-SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_train, add_bench, add_replay, add_profile, add_diagnose,
-               add_speed, add_report, add_results, add_gpu_check]
+SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_train, add_bench, add_replay, add_profile, add_train_correction,
+               add_correction_cost, add_diagnose, add_speed, add_report, add_results, add_gpu_check]
 
 
 def build_parser() -> argparse.ArgumentParser:
