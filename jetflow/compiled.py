@@ -225,10 +225,11 @@ class _DraftPass(torch.nn.Module):
         self.head = head
         self.register_buffer("out", out, persistent=False)
 
-    def forward(self, x, positions, ctx_kv, mask) -> torch.Tensor:
-        """As ``HeadProposer.logp(head.draft_block(...))``: (D, K) fp32 log-probs of slots 1..D."""
+    def forward(self, x, positions, ctx_kv, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``head.draft_block(...)`` and ``HeadProposer.logp`` of it: the final states (D, H) of slots
+        1..D (head dtype) and their (D, K) fp32 log-probs."""
         hidden = self.head(x, positions, ctx_kv, mask)[0, 1:]
-        return torch.log_softmax(F.linear(hidden, self.out).float(), dim=-1)
+        return hidden, torch.log_softmax(F.linear(hidden, self.out).float(), dim=-1)
 
 
 def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -261,8 +262,9 @@ class CompiledDraft:
         return x, block_positions(anchors, c.block_size)[None], kv, mask
 
     @torch.no_grad()
-    def __call__(self, state: HeadState, anchor_token: int, embed: torch.Tensor) -> torch.Tensor:
-        """(D, K) fp32 draft log-probs for depths 1..D, as the eager ``HeadProposer.depth_logp`` after extend."""
+    def __call__(self, state: HeadState, anchor_token: int, embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden (D, H), fp32 draft log-probs (D, K)) for depths 1..D: the eager ``draft_block`` and
+        ``HeadProposer.logp`` after extend, in one graph."""
         args = self.inputs(state, anchor_token, embed)
         size = args[3].shape[-1] - self.head.config.block_size
         if size not in self.graphs:
@@ -270,17 +272,26 @@ class CompiledDraft:
             self.graphs[size] = torch.compile(self.module, dynamic=False, mode=mode)
         out = _timed_first(self.compile_s, size, self.device,
                            lambda: _frozen(self.graphs[size], self.config.freezing, self.device, *args))
-        return out.clone() if self.device.type == "cuda" else out
+        return tuple(t.clone() for t in out) if self.device.type == "cuda" else out
 
 
 @dataclass
 class CompiledHeadProposer(HeadProposer):
-    """A ``HeadProposer`` whose draft pass runs compiled (``CompiledDraft``); trees and taps as eager."""
+    """A ``HeadProposer`` whose draft pass runs compiled (``CompiledDraft``); trees, taps and the path
+    correction as eager. The graph yields the head states and their log-probs together: ``logp`` of the
+    states ``depth_hidden`` just returned is the graph's own."""
     draft: CompiledDraft | None = field(default=None, repr=False)
+    _last: tuple | None = field(default=None, init=False, repr=False)  # (hidden, logp) of the last pass
 
-    def depth_logp(self, state, tokens, new_taps) -> torch.Tensor:
+    def depth_hidden(self, state, tokens, new_taps) -> torch.Tensor:
         state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))
-        return self.draft(state.head, tokens[-1], self.embed)
+        self._last = self.draft(state.head, tokens[-1], self.embed)
+        return self._last[0]
+
+    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._last is not None and hidden is self._last[0]:
+            return self._last[1]
+        return super().logp(hidden)
 
 
 @dataclass
@@ -307,8 +318,8 @@ class CompiledTarget(Target):
             if isinstance(proposer, LookupMerged):
                 twin = dataclasses.replace(proposer, inner=self.draft_proposer(proposer.inner))
             else:
-                twin = CompiledHeadProposer(proposer.head, proposer.target, proposer.builder, proposer.width,
-                                            proposer.profile)
+                twin = CompiledHeadProposer(**{f.name: getattr(proposer, f.name)
+                                               for f in dataclasses.fields(HeadProposer) if f.init})
                 if id(twin.head) not in engine.drafts:
                     engine.drafts[id(twin.head)] = CompiledDraft(twin.head, twin.out, engine.config)
                 twin.draft = engine.drafts[id(twin.head)]

@@ -211,7 +211,7 @@ def draft_rows(compiled, proposers: dict, state, cfg: SpeedConfig) -> list[dict]
             continue
         st, draft = state(inner), compiled.draft_proposer(inner).draft
         run = {"eager": lambda: inner.logp(inner.head.draft_block(st, 0, inner.embed)),
-               "compiled": lambda: draft(st, 0, inner.embed)}
+               "compiled": lambda: draft(st, 0, inner.embed)[1]}
         times = {k: [] for k in run}
         for _ in range(cfg.draft_repeats):
             for k, f in run.items():

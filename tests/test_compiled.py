@@ -149,10 +149,13 @@ def test_compiled_draft_pass_equals_the_eager_one(compiled, head_proposers, n_ct
     assert compiled.draft_proposer(head_proposers["dflash-chain"]).draft is twin.draft  # one head, one draft
     taps = torch.randn(n_ctx, len(eager.taps), compiled.config.hidden_size, generator=torch.Generator().manual_seed(n_ctx))
     state = eager.head.extend(None, taps)
-    want = eager.logp(eager.head.draft_block(state, 401, eager.embed))
-    got = twin.draft(state, 401, eager.embed)
+    hidden = eager.head.draft_block(state, 401, eager.embed)
+    want = eager.logp(hidden)
+    got_hidden, got = twin.draft(state, 401, eager.embed)
     assert got.shape == want.shape == (eager.head.config.block_size - 1, compiled.config.vocab_size)
+    torch.testing.assert_close(got_hidden, hidden, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert twin.logp(twin.depth_hidden(eager.start(None), [401], taps[-1:])) is twin._last[1]  # the graph's own
     assert torch.equal(got.argmax(-1), want.argmax(-1))
     assert set(twin.draft.compile_s) == {64}
 
