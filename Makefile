@@ -51,6 +51,7 @@ notebooks-refresh: $(STAMP)
 # bench extra (llama-cpp-python, built from source), ~40 min on a shared 2-core machine, most of it compiling.
 compiled: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m jetflow speed --warmup  # compile every graph once, untimed (inductor's cache holds them)
 	$(PY) -m jetflow results cpu-compiled
 
 # training throughput, cached taps vs the online target (docs/scale.md): one thread, the machine to itself
