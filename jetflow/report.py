@@ -351,7 +351,7 @@ DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout)
     "docs/scale.md": ("train-throughput",),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
-                        "replay-correction", "replay-stop"),
+                        "replay-stop", "replay-correction"),
 }
 
 
