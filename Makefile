@@ -51,7 +51,13 @@ notebooks-refresh: $(STAMP)
 # bench extra (llama-cpp-python, built from source), ~40 min on a shared 2-core machine, most of it compiling.
 compiled: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m jetflow speed --warmup  # compile every graph once, untimed (inductor's cache holds them)
 	$(PY) -m jetflow results cpu-compiled
+
+# training throughput, cached taps vs the online target (docs/scale.md): one thread, the machine to itself
+.PHONY: throughput
+throughput: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-train-throughput
 
 RUN_GROUP = set -e; for batch in $$($(PY) -m jetflow results --batches $(1)); do \
 	    echo $$batch | tr , '\n' | OMP_NUM_THREADS=1 xargs -P 2 -I NAME $(PY) -m jetflow results NAME; \
@@ -91,6 +97,14 @@ screenshots: $(STAMP)
 # (outside the repository) until jetflow-more and dflash-more are copied to data/heads/smollm2-135m-{jetflow,dflash}.
 HEADS_WORK ?= $(HOME)/.cache/jetflow/heads
 HEAD_ARGS  ?= --preset cpu --loss ce --seqs-per-step 2 --anchors 64 --draft-vocab 8192
+# Beyond the paper (issue 19): the path correction beside the causal head (features of 256 regenerated answers,
+# one bf16 target forward each, then 6 cheap epochs of the small module, the held-out best kept; ~20 minutes on one core), then what it
+# costs per round beside a verify pass (a timing: on a shared machine run it alone, e.g. through a lock).
+.PHONY: correction
+correction: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow train-correction --max-seqs 256 --epochs 6
+	$(PY) -m jetflow results cpu-correction-cost
+
 .PHONY: heads
 heads: $(STAMP)
 	mkdir -p $(HEADS_WORK)

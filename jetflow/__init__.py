@@ -19,7 +19,9 @@ Entry points
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and the builders
   ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree), and beyond the paper
   ``top2gap``, ``calibrated_prefix`` and ``profile_prefix`` (the last two read an
-  ``AcceptanceProfile``), taking per-depth log-probs (D, V); ``merge(first, second, budget)`` (one trie of both);
+  ``AcceptanceProfile``), taking per-depth log-probs (D, V), and ``path_prefix`` (also the round's path
+  table (D-1, C, C) of ``jetflow.correction``: each parent's own corrected child row);
+  ``merge(first, second, budget)`` (one trie of both);
   ``ancestor_mask(parents) -> (N+1, N+1)``.
 - ``verify``: ``tree_attention_mask``, ``greedy_accept`` and ``sample_accept``
   (tree, logits (N+1, V)) -> (accepted node path, bonus token).
@@ -39,7 +41,11 @@ Entry points
   (CPU model, native bf16, ``fast_dtype()``); ``jetflow.jsonl`` (resumable JSON-lines files: one
   torn-last-line rule, one writer lock: the bench journal, replay's AR cache, regeneration output and
   training history all use it, and refuse to resume under settings that would mix data).
-- ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training), ``jetflow.bench``
+- ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training; ``taps="online"|"cached"``),
+  ``jetflow.taps`` (the taps cache: ``build`` -> memory-mapped (T, L, H) bf16 shards; ``CachedTaps`` /
+  ``OnlineTaps``: ``(row, ids (S,), logits) -> (teacher logits (S, V) | None, taps (S, L, H))``),
+  ``jetflow.packed`` (regenerated ids packed to publish, and back), ``jetflow.throughput`` (training
+  slots/s, cached vs online taps), ``jetflow.bench``
   (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
   ``jetflow.walkthrough`` (one round taken apart: toy table, ✅/❌ rows, round logits, node info, sample-and-match),
   ``jetflow.explorer`` (``TreeExplorer``: draft on demand, two methods side by side, click a node),
@@ -47,7 +53,8 @@ Entry points
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
   ``jetflow.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
   ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
-  ``jetflow.viz_trees`` (its figures), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
+  ``jetflow.viz_trees`` (its figures), ``jetflow.correction`` (the path-conditioned correction:
+  ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.correction_train``), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
   ``python -m jetflow.speed --out DIR``).
 
 Methods (``jetflow.methods``, in report order):

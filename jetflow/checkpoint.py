@@ -38,6 +38,7 @@ from .head import DecoderLayer, DraftHead, HeadConfig
 from .target import tap_layers
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+SIDE_FILES = ("correction.safetensors",)  # saved beside a head but not of it (jetflow.correction)
 CAUSAL_KEYS = ("dflash_config.causal_head", "dflash_config.causal", "is_causal")
 DEFAULT_BLOCK_SIZE, DEFAULT_ROPE_THETA = 16, 10000.0
 
@@ -187,7 +188,8 @@ def load(path_or_hub_id: str, dtype: torch.dtype = torch.float32) -> DraftHead:
     config = from_hf_dict(json.loads((path / CONFIG_FILE).read_text()))
     weights = {}
     for file in sorted(path.glob("*.safetensors")):
-        weights |= load_file(str(file))
+        if file.name not in SIDE_FILES:
+            weights |= load_file(str(file))
     head = DraftHead(config)
     try:
         missing, unexpected = head.load_state_dict(weights, strict=False)

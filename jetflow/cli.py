@@ -1,6 +1,6 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|train|bench|replay|profile|diagnose|speed|report|results``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|pack|unpack|taps|train|bench|replay|profile|train-correction|correction-cost|diagnose|speed|throughput|report|results``.
 
-The flags of ``regenerate``, ``train``, ``bench`` and ``replay`` are generated from their config
+The flags of ``regenerate``, ``taps``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
 names and help come from the method registry. Bad input ends with one ``error: ...`` line on stderr
 and exit status 2, never a traceback.
@@ -247,6 +247,76 @@ def add_regenerate(sub) -> None:
     r.set_defaults(func=cmd_regenerate)
 
 
+@dataclass(frozen=True)
+class TapsConfig:
+    """``python -m jetflow taps``: cache the target's taps of regenerated data (resumable per shard)."""
+    data: str = option("", "regenerated JSONL or a chunked folder (python -m jetflow regenerate)", required=True)
+    parts: int = option(0, "with a chunked folder: its first K parts only (0: all)")
+    out: str | None = option(None, "cache folder (default: the jetflow cache's taps/DATA-MODEL-LAYERS, where "
+                             "train --taps cached looks)")
+    num_layers: int = option(2, "the head's draft layers: one tap each, the layers train picks for it")
+    max_len: int = option(768, "truncate prompt + response to this many tokens (train's max_len must not "
+                          "exceed it)")
+    shard_rows: int = option(128, "sequences per shard (the unit a killed build resumes from)")
+    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
+    dtype: str = option("bfloat16", "the target's dtype (train's --set dtype must match)")
+
+
+def cmd_taps(args) -> int:
+    from . import checks
+    from .data import data_files
+    from .head import HeadConfig
+    from .target import load_target
+    from .taps import build_all, cache_for, default_dir
+    cfg = TapsConfig(**given(args, TapsConfig))
+    checks.positive(num_layers=cfg.num_layers, shard_rows=cfg.shard_rows)
+    if cfg.max_len < 3:
+        raise ValueError(f"--max-len must be >= 3, got {cfg.max_len}")
+    files = data_files(cfg.data, cfg.parts)
+    target = load_target(cfg.model, dtype=cfg.dtype)
+    layers = HeadConfig.for_target(target.config, num_layers=cfg.num_layers).target_layer_ids
+    root = checks.writable_dir(Path(cfg.out) if cfg.out else default_dir(cfg.data, target.name, layers), "--out")
+    build_all(target, files, [cache_for(root, f, Path(cfg.data).is_dir()) for f in files], layers=layers,
+              max_len=cfg.max_len, shard_rows=cfg.shard_rows)
+    print(root, flush=True)
+    return 0
+
+
+def add_taps(sub) -> None:
+    t = sub.add_parser("taps", help="cache the target's taps of regenerated data (resumable)")
+    add_flags(t, TapsConfig)
+    t.set_defaults(func=cmd_taps)
+
+
+def cmd_pack(args) -> int:
+    from . import checks
+    from .packed import pack
+    checks.writable_dir(args.out, "--out")
+    print(pack(args.data, args.out, args.parts))
+    return 0
+
+
+def cmd_unpack(args) -> int:
+    from . import checks
+    from .packed import unpack
+    checks.writable_dir(args.out, "--out")
+    for path in unpack(args.packed, args.out):
+        print(path)
+    return 0
+
+
+def add_pack(sub) -> None:
+    p = sub.add_parser("pack", help="pack regenerated ids compactly to publish (+ provenance)")
+    p.add_argument("--data", required=True, help="regenerated JSONL or a chunked folder")
+    p.add_argument("--parts", type=int, default=0, help="with a chunked folder: its first K parts (0: all)")
+    p.add_argument("--out", required=True, help="folder for the .npz files and provenance.json")
+    p.set_defaults(func=cmd_pack)
+    u = sub.add_parser("unpack", help="turn packed ids back into the JSONL files (sha256 checked)")
+    u.add_argument("--packed", required=True, help="a folder written by `jetflow pack`")
+    u.add_argument("--out", required=True, help="folder for the JSONL files")
+    u.set_defaults(func=cmd_unpack)
+
+
 def train_config(args):
     """TrainConfig from parsed ``train`` arguments: the preset, then ``--set``, then the named flags."""
     from .train import TrainConfig
@@ -339,6 +409,38 @@ def add_profile(sub) -> None:
     p.set_defaults(func=cmd_profile)
 
 
+def cmd_train_correction(args) -> int:
+    from .correction_train import CorrectionTrainConfig, train_correction
+    print(train_correction(CorrectionTrainConfig(**given(args, CorrectionTrainConfig)), progress=not args.quiet))
+    return 0
+
+
+def add_train_correction(sub) -> None:
+    from .correction_train import CorrectionTrainConfig
+    p = sub.add_parser("train-correction", help="train the path correction beside the causal head")
+    add_flags(p, CorrectionTrainConfig)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train_correction)
+
+
+def cmd_correction_cost(args) -> int:
+    from .correction_train import CostConfig, correction_cost, cost_markdown
+    from .report import write_rows
+    rows = correction_cost(CostConfig(**given(args, CostConfig)))
+    if args.out:
+        print(f"wrote {write_rows(rows, args.out, cost_markdown)}", file=sys.stderr)
+    print("\n".join(json.dumps(r) for r in rows) if args.json else cost_markdown(rows))
+    return 0
+
+
+def add_correction_cost(sub) -> None:
+    from .correction_train import CostConfig
+    c = sub.add_parser("correction-cost", help="the path correction's cost per round")
+    add_flags(c, CostConfig)
+    _add_output(c)
+    c.set_defaults(func=cmd_correction_cost)
+
+
 def cmd_diagnose(args) -> int:
     from . import profile
     from .report import write_rows
@@ -411,6 +513,27 @@ def add_results(sub) -> None:
     r.set_defaults(func=cmd_results)
 
 
+def cmd_throughput(args) -> int:
+    from . import checks, throughput
+    from .report import write_rows
+    cfg = throughput.ThroughputConfig(**given(args, throughput.ThroughputConfig))
+    checks.positive(prompts=cfg.prompts, steps=cfg.steps, rounds=cfg.rounds, seqs_per_step=cfg.seqs_per_step,
+                    max_new_tokens=cfg.max_new_tokens, anchors=min(cfg.anchors, default=0))
+    checks.writable_dir(cfg.out, "--out")
+    checks.data_source(cfg.data_dir)
+    rows = throughput.measure(cfg)
+    print(f"wrote {write_rows(rows, cfg.out, throughput.to_markdown)}", file=sys.stderr)
+    print(throughput.to_markdown(rows))
+    return 0
+
+
+def add_throughput(sub) -> None:
+    from .throughput import ThroughputConfig
+    t = sub.add_parser("throughput", help="training slots/s: cached taps vs the online target")
+    add_flags(t, ThroughputConfig)
+    t.set_defaults(func=cmd_throughput)
+
+
 def add_gpu_check(sub) -> None:
     from .gpu_check import add_gpu_check as add
     add(sub)
@@ -423,8 +546,9 @@ def add_speed(sub) -> None:
     s.set_defaults(func=speed.run_args)
 
 
-SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_train, add_bench, add_replay, add_profile, add_diagnose,
-               add_speed, add_report, add_results, add_gpu_check]
+SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_pack, add_taps, add_train, add_bench, add_replay, add_profile,
+               add_train_correction, add_correction_cost, add_diagnose, add_speed, add_throughput, add_report,
+               add_results, add_gpu_check]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,18 +20,28 @@ The compiled target owns ONE static cache: ``new_cache()`` resets it and returns
 and an older handle then refuses to run, so two decodes can never interleave on it silently.
 Inductor's FX-graph and AOT caches (``$TORCHINDUCTOR_CACHE_DIR``, default under /tmp) make a later
 process's compile a cache load rather than a full compile.
+
+The head's draft pass compiles too (``CompileConfig.compile_head``): ``generate`` on a compiled target
+hands a head proposer to ``CompiledTarget.draft_proposer``, whose ``CompiledDraft`` runs the block of
+``block_size`` slots and the draft log-probs as one frozen graph per context bucket. The head's context
+grows every round, so its cached K/V are zero-padded up to the next of ``head_contexts`` and the pad
+columns masked (``training_mask`` over the bucket: a block sees only the rows before its anchor).
 """
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
 
 import torch
-import torch._inductor.config  # the freezing switch (see StaticEngine._call)
+import torch._inductor.config  # the freezing switch (see _frozen)
+import torch.nn.functional as F
 from transformers import StaticCache
 
+from .head import HeadState, block_positions, training_mask
+from .proposers import HeadProposer, LookupMerged
 from .target import Step, Target, _cache_argument
 
 QUERY_SIZES = (1, 9, 17, 33, 65, 129, 257)  # AR, then budget + 1 for budgets 8, 16, 32, ...
@@ -42,6 +52,8 @@ class CompileConfig:
     cache_len: int = 1024                       # static KV rows: prompt + new tokens + budget + 1 must fit
     query_sizes: tuple[int, ...] = QUERY_SIZES  # one graph per size, compiled on first use
     freezing: bool = True                       # CPU: fold and prepack the frozen weights (oneDNN)
+    compile_head: bool = True                   # also compile a head proposer's draft pass (CompiledDraft)
+    head_contexts: tuple[int, ...] | None = None  # head context buckets; None: 64, 128, ... up to cache_len
 
     def __post_init__(self):
         if self.cache_len < 2:
@@ -51,14 +63,47 @@ class CompileConfig:
             raise ValueError(f"query_sizes must be increasing, distinct and start at 1, got {self.query_sizes}")
         if self.query_sizes[-1] > self.cache_len:
             raise ValueError(f"the largest query size ({self.query_sizes[-1]}) exceeds cache_len ({self.cache_len})")
+        if self.head_contexts is None:  # every head context fits: it never outgrows the target's cache
+            doubling = tuple(2 ** i for i in range(6, self.cache_len.bit_length()) if 2 ** i < self.cache_len)
+            object.__setattr__(self, "head_contexts", doubling + (self.cache_len,))
+        if not self.head_contexts or list(self.head_contexts) != sorted(set(self.head_contexts)) \
+                or self.head_contexts[0] < 1:
+            raise ValueError(f"head_contexts must be increasing, distinct and >= 1, got {self.head_contexts}")
 
     def padded(self, size: int) -> int:
         """The query length a forward of ``size`` tokens runs at: the next of ``query_sizes``."""
-        i = bisect.bisect_left(self.query_sizes, size)
-        if i == len(self.query_sizes):
-            raise ValueError(f"a query of {size} tokens exceeds the largest compiled size "
-                             f"{self.query_sizes[-1]}; add a size to CompileConfig.query_sizes")
-        return self.query_sizes[i]
+        return _bucket(self.query_sizes, size, "a query of {} tokens", "query_sizes")
+
+    def context(self, n_ctx: int) -> int:
+        """The context length the head's draft pass runs at for ``n_ctx`` rows: the next of ``head_contexts``."""
+        return _bucket(self.head_contexts, n_ctx, "a head context of {} rows", "head_contexts")
+
+
+def _bucket(sizes: tuple[int, ...], size: int, what: str, name: str) -> int:
+    i = bisect.bisect_left(sizes, size)
+    if i == len(sizes):
+        raise ValueError(f"{what.format(size)} exceeds the largest compiled size {sizes[-1]}; "
+                         f"add a size to CompileConfig.{name}")
+    return sizes[i]
+
+
+def _frozen(graph, freezing: bool, device: torch.device, *args):
+    """Call a compiled graph; freezing is read while compiling, from the global inductor config
+    (torch.compile's options= does not reach it), so it is patched around the call only."""
+    with torch._inductor.config.patch(freezing=freezing and device.type == "cpu"):
+        return graph(*args)
+
+
+def _timed_first(compile_s: dict, key: int, device: torch.device, call):
+    """Run ``call()``; the first call per ``key`` (compile or cache load) is timed into ``compile_s``."""
+    first = key not in compile_s
+    t0 = time.perf_counter()
+    out = call()
+    if first:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        compile_s[key] = time.perf_counter() - t0
+    return out
 
 
 def padded_mask(mask: torch.Tensor | None, past_len: int, size: int, padded: int, cache_len: int,
@@ -126,6 +171,8 @@ class StaticEngine:
         self.graphs: dict[int, object] = {}
         self.compile_s: dict[int, float] = {}  # query size -> seconds of its first call (compile or cache load)
         self._eager = functools.partial(_run, model, _cache_argument(type(model)), self.cache)
+        self.drafts: dict[int, CompiledDraft] = {}      # id(head) -> its compiled draft pass
+        self.proposers: dict[int, tuple] = {}           # id(proposer) -> (proposer, its compiled-draft twin)
         # one code object (_run) holds every size's graph; never let dynamo fall back to eager silently
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
@@ -146,12 +193,6 @@ class StaticEngine:
             self.graphs[size] = torch.compile(self._eager, dynamic=False, mode=mode)
         return self.graphs[size]
 
-    def _call(self, size: int, *args):
-        # freezing is read while compiling, from the global inductor config (torch.compile's options=
-        # does not reach it); patching it around the call keeps it out of everyone else's compiles
-        with torch._inductor.config.patch(freezing=self.config.freezing and self.device.type == "cpu"):
-            return self._graph(size)(*args)
-
     def run(self, handle: StaticKV, ids: torch.Tensor, positions: torch.Tensor,
             mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids, positions (T,) after the live rows -> (logits (T, V), hidden (layers + 1, T, H))."""
@@ -167,21 +208,90 @@ class StaticEngine:
         if past == 0:
             logits, hidden = self._eager(ids, positions, full)
         else:
-            logits, hidden = self._timed(padded, ids, positions, full)
+            logits, hidden = _timed_first(self.compile_s, padded, self.device, lambda: _frozen(
+                self._graph(padded), self.config.freezing, self.device, ids, positions, full))
         handle.length = past + size
         if self.device.type == "cuda":  # CUDA-graph outputs are overwritten by the next replay
             logits, hidden = logits.clone(), hidden.clone()
         return logits[:size], hidden[:, :size]
 
-    def _timed(self, padded: int, *args):
-        first = padded not in self.compile_s
-        t0 = time.perf_counter()
-        out = self._call(padded, *args)
-        if first:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            self.compile_s[padded] = time.perf_counter() - t0
-        return out
+
+class _DraftPass(torch.nn.Module):
+    """A head's block pass and its draft log-probs as one module, so freezing folds the head's weights
+    and the lm_head rows of its draft vocabulary alike."""
+
+    def __init__(self, head: torch.nn.Module, out: torch.Tensor):
+        super().__init__()
+        self.head = head
+        self.register_buffer("out", out, persistent=False)
+
+    def forward(self, x, positions, ctx_kv, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``head.draft_block(...)`` and ``HeadProposer.logp`` of it: the final states (D, H) of slots
+        1..D (head dtype) and their (D, K) fp32 log-probs."""
+        hidden = self.head(x, positions, ctx_kv, mask)[0, 1:]
+        return hidden, torch.log_softmax(F.linear(hidden, self.out).float(), dim=-1)
+
+
+def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """(..., n, d) -> (..., rows, d), zeros after row n; always a fresh contiguous tensor (one layout,
+    so the graph's stride guards never fail)."""
+    out = t.new_zeros(*t.shape[:-2], rows, t.shape[-1])
+    out[..., :t.shape[-2], :] = t
+    return out
+
+
+class CompiledDraft:
+    """A head's draft pass compiled: one graph per context bucket (``CompileConfig.head_contexts``)."""
+
+    def __init__(self, head: torch.nn.Module, out: torch.Tensor, config: CompileConfig):
+        self.head, self.config = head, config
+        self.device = head.fc.weight.device
+        self.module = _DraftPass(head, out).eval()
+        self.graphs: dict[int, object] = {}
+        self.compile_s: dict[int, float] = {}  # context bucket -> seconds of its first call
+
+    def inputs(self, state: HeadState, anchor_token: int, embed: torch.Tensor) -> tuple:
+        """The graph's inputs: block rows, positions, the context K/V zero-padded to the bucket and the
+        mask over it (pad columns lie past the anchor, so ``training_mask`` hides them)."""
+        c, n = self.head.config, state.n_ctx
+        size = self.config.context(n)
+        anchors = torch.tensor([n], device=self.device)
+        x = self.head.block_inputs(torch.tensor([anchor_token]), embed).to(self.device, self.head.dtype)
+        kv = [tuple(_padded_rows(t, size) for t in layer) for layer in state.kv]
+        mask = training_mask(anchors, size, c.block_size, c.causal)[None]     # (1, Q, size + Q)
+        return x, block_positions(anchors, c.block_size)[None], kv, mask
+
+    @torch.no_grad()
+    def __call__(self, state: HeadState, anchor_token: int, embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden (D, H), fp32 draft log-probs (D, K)) for depths 1..D: the eager ``draft_block`` and
+        ``HeadProposer.logp`` after extend, in one graph."""
+        args = self.inputs(state, anchor_token, embed)
+        size = args[3].shape[-1] - self.head.config.block_size
+        if size not in self.graphs:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self.graphs[size] = torch.compile(self.module, dynamic=False, mode=mode)
+        out = _timed_first(self.compile_s, size, self.device,
+                           lambda: _frozen(self.graphs[size], self.config.freezing, self.device, *args))
+        return tuple(t.clone() for t in out) if self.device.type == "cuda" else out
+
+
+@dataclass
+class CompiledHeadProposer(HeadProposer):
+    """A ``HeadProposer`` whose draft pass runs compiled (``CompiledDraft``); trees, taps and the path
+    correction as eager. The graph yields the head states and their log-probs together: ``logp`` of the
+    states ``depth_hidden`` just returned is the graph's own."""
+    draft: CompiledDraft | None = field(default=None, repr=False)
+    _last: tuple | None = field(default=None, init=False, repr=False)  # (hidden, logp) of the last pass
+
+    def depth_hidden(self, state, tokens, new_taps) -> torch.Tensor:
+        state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))
+        self._last = self.draft(state.head, tokens[-1], self.embed)
+        return self._last[0]
+
+    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._last is not None and hidden is self._last[0]:
+            return self._last[1]
+        return super().logp(hidden)
 
 
 @dataclass
@@ -195,6 +305,26 @@ class CompiledTarget(Target):
 
     def new_cache(self) -> StaticKV:
         return self.engine.new_handle()
+
+    def draft_proposer(self, proposer):
+        """``proposer`` with its head's draft pass compiled (``generate`` calls this): a head proposer
+        or a lookup merge around one gets a twin built once per proposer and head; others come back as
+        they are, as everything does when ``compile_head`` is off."""
+        if not self.engine.config.compile_head or not isinstance(proposer, (HeadProposer, LookupMerged)) \
+                or isinstance(proposer, CompiledHeadProposer):
+            return proposer
+        engine = self.engine
+        if id(proposer) not in engine.proposers:
+            if isinstance(proposer, LookupMerged):
+                twin = dataclasses.replace(proposer, inner=self.draft_proposer(proposer.inner))
+            else:
+                twin = CompiledHeadProposer(**{f.name: getattr(proposer, f.name)
+                                               for f in dataclasses.fields(HeadProposer) if f.init})
+                if id(twin.head) not in engine.drafts:
+                    engine.drafts[id(twin.head)] = CompiledDraft(twin.head, twin.out, engine.config)
+                twin.draft = engine.drafts[id(twin.head)]
+            engine.proposers[id(proposer)] = (proposer, twin)  # the original kept alive: ids stay unique
+        return engine.proposers[id(proposer)][1]
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, cache: StaticKV, *, positions: torch.Tensor | None = None,

@@ -536,3 +536,24 @@ def load_regenerated(path: str | os.PathLike, *, tensors: bool = False) -> list[
             row["prompt_ids"] = torch.tensor(row["prompt_ids"], dtype=torch.long)
             row["response_ids"] = torch.tensor(row["response_ids"], dtype=torch.long)
     return rows
+
+
+def data_files(data: str | os.PathLike, parts: int = 0) -> list[Path]:
+    """The regenerated files behind ``data``: the file itself, or of a chunked folder (``regenerate
+    --chunks K``) its first ``parts`` part files in order (0: all). Parts 0..k-1 hold the first k/K of
+    the prompts, so ``parts`` picks a nested data size."""
+    data = Path(data)
+    if parts < 0:
+        raise ValueError(f"parts must be >= 0 (0: all), got {parts}")
+    if data.is_file():
+        if parts > 1:
+            raise ValueError(f"{data} is one file; --parts {parts} needs a chunked folder (regenerate --chunks K)")
+        return [data]
+    if not data.is_dir():
+        raise FileNotFoundError(f"data {str(data)!r} does not exist; make it with `python -m jetflow regenerate`")
+    files = sorted(data.glob("part-*-of-*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"{data} holds no part-KK-of-NN.jsonl files (python -m jetflow regenerate --chunks K)")
+    if parts > len(files):
+        raise ValueError(f"{data} holds {len(files)} part files, --parts {parts} asked for more")
+    return files[:parts or len(files)]

@@ -149,6 +149,8 @@ def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new
     check_supported(target.model, repr(target.name))
     # the generator lives where the logits are: a CPU generator cannot sample CUDA probabilities
     gen = torch.Generator(device=target.device).manual_seed(seed) if seed is not None else None
+    if hasattr(target, "draft_proposer"):  # a compiled target compiles a head's draft pass too
+        proposer = target.draft_proposer(proposer)
     taps = tuple(getattr(proposer, "taps", ())) if proposer is not None else ()
 
     t0 = time.perf_counter()

@@ -32,6 +32,7 @@ from .decode import generate
 from .hardware import describe
 from .head import DraftHead, HeadConfig
 from . import methods as registry
+from .correction import random_correction
 from .profile import Counts
 from .proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
                         RandomProposer, make_proposer)
@@ -139,11 +140,13 @@ def greedy_checks(s: Settings) -> list[Check]:
     prompts = [torch.randint(0, 500, (10,), generator=gen) for _ in range(3)]
     refs = [hf_greedy(target, p, 24) for p in prompts]
     heads = {c: random_head(target, 2, c, 511, torch.float32) for c in (True, False)}
+    correction = random_correction(target.config.hidden_size, 32, seed=s.seed).to(target.device)  # for path_prefix
     checks = []
     for label, dtype in (("fp32 drafts", torch.float32), ("bf16 drafts", torch.bfloat16)):
         drafting = {causal: head.to(dtype) for causal, head in heads.items()}
         runs = {m: _fixed(HeadProposer(drafting[registry.method(m).head == "jetflow"], target,
-                                       registry.method(m).builder, profile=NEUTRAL_PROFILE)) for m in HEAD_METHODS}
+                                       registry.method(m).builder, profile=NEUTRAL_PROFILE,
+                                       correction=correction)) for m in HEAD_METHODS}
         checks.append(_equal_runs(f"greedy == generate, head methods, {label}", target, prompts, refs, runs))
     stubs = {"oracle": lambda ref: OracleProposer(ref, 512),
              "oracle wrong at depth 2": lambda ref: OracleProposer(ref, 512, wrong_at=2, siblings=2),

@@ -83,6 +83,11 @@ _REGISTRY = (
            builder="calibrated_prefix", lookup_merged=True, beyond_paper=True),
     Method("jetflow-profile+lookup", "jetflow-profile's tree with prompt-lookup branches merged in", head="jetflow",
            builder="profile_prefix", lookup_merged=True, beyond_paper=True),
+    Method("jetflow-pc", "causal head + path_prefix: best prefixes by path-corrected log-prob, each node's "
+           "children re-scored given its token (correction.safetensors)", head="jetflow", builder="path_prefix",
+           beyond_paper=True),
+    Method("jetflow-pc+lookup", "jetflow-pc's tree with prompt-lookup branches merged in", head="jetflow",
+           builder="path_prefix", lookup_merged=True, beyond_paper=True),
 )
 METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}
 HEAD_KINDS = tuple(dict.fromkeys(m.head for m in _REGISTRY if m.head))  # ("dflash", "jetflow")

@@ -50,6 +50,20 @@ def truth_ranks(ids: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
     return torch.where(valid, rank, torch.full_like(rank, -1))
 
 
+def corrected_ranks(paths: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
+    """(A, D) truth ranks under the path correction: depth 1 keeps the head's rank, depth d >= 2 takes the
+    rank of the true token in the corrected row of its true parent (``paths`` (A, D-1, C, C) from
+    ``replay.draft_table``); C when the token or its parent is not among the C candidates, -1 past the end."""
+    c = paths.shape[-1]
+    parent, child = ranks[:, :-1], ranks[:, 1:]                                   # (A, D-1)
+    ok = (parent >= 0) & (parent < c) & (child >= 0) & (child < c)
+    rows = paths.gather(2, parent.clamp(0, c - 1)[..., None, None].expand(-1, -1, 1, c))[:, :, 0]  # (A, D-1, C)
+    mine = rows.gather(-1, child.clamp(0, c - 1)[..., None])                     # (A, D-1, 1)
+    rank = (rows > mine).sum(-1)                                                  # ties: the best place
+    out = torch.where(ok, rank, torch.where(child < 0, -1, c))
+    return torch.cat([torch.where(ranks[:, :1] >= c, c, ranks[:, :1]), out], 1)
+
+
 def path_states(ranks: torch.Tensor, n_rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For (A, D) truth ranks: ``reached`` (A, D) bool (every shallower depth's true token ranks below
     ``n_rank``, so a tree of the top ``n_rank`` per depth holds the parent), ``off`` (A, D) bool (one of
@@ -80,9 +94,14 @@ class Counts:
         self.bin_total = torch.zeros(2, self.depths, e, dtype=torch.long)
         self.bin_hits = torch.zeros(2, self.depths, e, dtype=torch.long)
 
-    def add(self, logp: torch.Tensor, ids: torch.Tensor, tokens: Sequence[int]) -> None:
-        """One trace: ``logp`` and ``ids`` (A, D, K) from ``draft_table``, ``tokens`` its answer."""
+    def add(self, logp: torch.Tensor, ids: torch.Tensor, tokens: Sequence[int], paths: torch.Tensor | None = None
+            ) -> None:
+        """One trace: ``logp`` and ``ids`` (A, D, K) from ``draft_table``, ``tokens`` its answer; with the
+        path correction's ``paths`` (A, D-1, C, C) the ranks are the corrected ones (``corrected_ranks``; the
+        log-prob bins stay the head's, so ``profile`` is only meaningful without)."""
         ranks = truth_ranks(ids, tokens)                                  # (A, D)
+        if paths is not None:
+            ranks = corrected_ranks(paths, ranks)
         reached, off, after = path_states(ranks, self.n_rank)
         bins = torch.bucketize(logp[..., :self.n_rank].float().clamp(max=0.0), torch.tensor(EDGES[:-1]),
                                right=True)                                # (A, D, R) in 0..E-1
@@ -154,31 +173,35 @@ class ProfileConfig:
     data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
 
 
-def counts_of(proposer, traces, n_rank: int, progress: bool = False) -> Counts:
-    """Counts over ``traces`` (``replay.Trace``) with ``proposer``'s head (fp32 drafts, like replay)."""
+def counts_of(proposer, traces, n_rank: int, progress: bool = False, corrected: bool = False):
+    """Counts over ``traces`` (``replay.Trace``) with ``proposer``'s head (fp32 drafts, like replay); with
+    ``corrected`` a pair: the head's counts and the path-corrected ones, from the same drafts."""
     from tqdm.auto import tqdm
 
     from .replay import draft_table
-    counts = Counts(proposer.head.config.block_size - 1, n_rank)
+    counts = [Counts(proposer.head.config.block_size - 1, n_rank) for _ in range(1 + corrected)]
     for t in tqdm(traces, desc="profile", disable=not progress, leave=False):
-        table = draft_table(proposer, t, max(n_rank, 2))
-        counts.add(table.logp, table.ids, t.tokens)
-    return counts
+        table = draft_table(proposer, t, max(n_rank, 2), paths=corrected)
+        counts[0].add(table.logp, table.ids, t.tokens)
+        if corrected:
+            counts[1].add(table.logp, table.ids, t.tokens, table.paths)
+    return tuple(counts) if corrected else counts[0]
 
 
-def diagnosis_rows(counts: Counts, dataset: str, max_rank: int = 16) -> list[dict]:
+def diagnosis_rows(counts: Counts, dataset: str, max_rank: int = 16, head: str = "causal") -> list[dict]:
     """Rows of the spine/off-spine table (one per depth and state: how often the argmax is right, and
-    the top-4) and of the (depth, rank) heatmap (state ``spine`` / ``off_spine``, ranks < ``max_rank``)."""
+    the top-4) and of the (depth, rank) heatmap (state ``spine`` / ``off_spine``, ranks < ``max_rank``);
+    ``head``: ``causal`` (the head's rows) or ``corrected`` (the path-corrected rows)."""
     rows = []
     for s, state in enumerate(STATES):
         for d in range(counts.depths):
             n = int(counts.reached[s, d])
             hits = counts.hits[s, d].tolist()
-            rows.append({"table": "spine", "dataset": dataset, "state": state, "depth": d + 1, "reached": n,
+            rows.append({"table": "spine", "dataset": dataset, "head": head, "state": state, "depth": d + 1, "reached": n,
                          "argmax_accept": hits[0] / n if n else None,
                          "top4_accept": sum(hits[:4]) / n if n else None})
             if s < 2:
-                rows += [{"table": "heatmap", "dataset": dataset, "state": state, "depth": d + 1, "rank": r,
+                rows += [{"table": "heatmap", "dataset": dataset, "head": head, "state": state, "depth": d + 1, "rank": r,
                           "reached": n, "accept": hits[r] / n if n else None} for r in range(min(max_rank, counts.n_rank))]
     return rows
 
@@ -187,15 +210,18 @@ def diagnosis_markdown(rows: Sequence[dict]) -> str:
     """Argmax acceptance per depth, on the spine / off it / right after a sibling, one line per dataset and state."""
     spine = [r for r in rows if r["table"] == "spine"]
     depths = sorted({r["depth"] for r in spine})
-    lines = ["| dataset | state | " + " | ".join(f"d={d}" for d in depths) + " |", "|---|---|" + "---|" * len(depths)]
-    for key in dict.fromkeys((r["dataset"], r["state"]) for r in spine):
-        cells = {r["depth"]: r for r in spine if (r["dataset"], r["state"]) == key}
-        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
+    lines = ["| dataset | head | state | " + " | ".join(f"d={d}" for d in depths) + " |",
+             "|---|---|---|" + "---|" * len(depths)]
+    for key in dict.fromkeys((r["dataset"], r.get("head", "causal"), r["state"]) for r in spine):
+        cells = {r["depth"]: r for r in spine if (r["dataset"], r.get("head", "causal"), r["state"]) == key}
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(
             "-" if cells[d]["argmax_accept"] is None else f"{cells[d]['argmax_accept']:.2f} ({cells[d]['reached']})"
             for d in depths) + " |")
     return "\n".join(lines) + ("\n\nP(the depth-d argmax is the target's token | the true path to depth d-1 is among "
                                "the top-32 per depth), by the ranks of that path: spine = all argmax, off_spine = "
-                               "not, after_sibling = its last token is not the argmax; (anchors reached)\n")
+                               "not, after_sibling = its last token is not the argmax; (anchors reached). head = causal: the "
+                               "head's own rows; corrected: each depth's row re-scored given the true parent "
+                               "(jetflow.correction), ranks among its C candidates\n")
 
 
 def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
@@ -231,11 +257,29 @@ class DiagnoseConfig:
     limit: int = option(20, "first N prompts of each dataset")
     max_new_tokens: int = option(256, "new tokens of each AR answer (the replay cache's)")
     ranks: int = option(32, "a path is reached when every token on it ranks below this")
+    heldout: int = option(0, "also the first N of the profile's held-out training prompts (dataset heldout)")
+    heldout_new_tokens: int = option(128, "new tokens of each held-out answer (batched greedy, cached)")
     data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
 
 
+def heldout_traces(target, n: int, max_new_tokens: int, data_dir=None, progress: bool = False) -> list:
+    """Greedy answers (batched, cached like ``profile``'s) of the first ``n`` of the 48 held-out training
+    prompts, as ``replay.Trace`` rows of dataset ``heldout``."""
+    from .data import cache_dir, load_regenerated, regenerate
+    from .replay import Trace
+    prompts = heldout_prompts(48, data_dir=data_dir)
+    answers = cache_dir() / "replay" / f"heldout-after3030-n48-{max_new_tokens}.jsonl"
+    if not answers.is_file():  # the profile's answers when it made them (an older file has no header to resume by)
+        regenerate(target, prompts, answers, batch_size=8, max_new_tokens=max_new_tokens, max_prompt_tokens=256,
+                   progress=progress)
+    by_id = {r["id"]: r for r in load_regenerated(answers) if len(r["response_ids"]) > 1}
+    rows = [by_id[p["id"]] for p in prompts if p["id"] in by_id][:n]
+    return [Trace("heldout", r["id"], r["prompt_ids"], r["response_ids"], max_new_tokens) for r in rows]
+
+
 def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
-    """Diagnosis rows per dataset (AR answers from the replay cache, shipped causal head, fp32)."""
+    """Diagnosis rows per dataset (AR answers from the replay cache, shipped causal head, fp32); where a
+    path correction is saved beside the head, its corrected rows beside the head's own."""
     from .data import cache_dir, load_prompts
     from .proposers import make_proposer
     from .provenance import environment
@@ -243,10 +287,17 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     from .target import load_target
     target = load_target(None, dtype="float32")
     proposer = make_proposer("jetflow", target, draft_dtype=torch.float32)
+    corrected = proposer.correction is not None
     rows, env = [], environment(target)
-    for ds in cfg.datasets:
-        cache = cache_dir() / "replay" / f"ar-{target.name.replace('/', '--')}-{ds}.jsonl"
-        traces = ar_traces(target, load_prompts(ds, limit=cfg.limit, data_dir=cfg.data_dir), cfg.max_new_tokens,
-                           dataset=ds, cache=cache, progress=progress)
-        rows += [r | {"n_prompts": len(traces), **env} for r in diagnosis_rows(counts_of(proposer, traces, cfg.ranks), ds)]
+    sets = [(ds, None) for ds in cfg.datasets] + ([("heldout", cfg.heldout)] if cfg.heldout else [])
+    for ds, n in sets:
+        if n is None:
+            cache = cache_dir() / "replay" / f"ar-{target.name.replace('/', '--')}-{ds}.jsonl"
+            traces = ar_traces(target, load_prompts(ds, limit=cfg.limit, data_dir=cfg.data_dir), cfg.max_new_tokens,
+                               dataset=ds, cache=cache, progress=progress)
+        else:
+            traces = heldout_traces(target, n, cfg.heldout_new_tokens, cfg.data_dir, progress)
+        counts = counts_of(proposer, traces, cfg.ranks, progress, corrected)
+        for head, c in zip(("causal", "corrected"), counts if corrected else (counts,)):
+            rows += [r | {"n_prompts": len(traces), **env} for r in diagnosis_rows(c, ds, head=head)]
     return rows

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import check_compatible
+from .correction import PathCorrection, candidates, load_correction, path_table
 from .head import DraftHead, HeadState
-from .tree import AcceptanceProfile, Tree, accum_logp, merge, tree_builder
+from .tree import BUILDERS, AcceptanceProfile, Tree, accum_logp, merge, tree_builder
 
 
 @dataclass
@@ -144,12 +145,14 @@ class HeadProposer:
 
     The head runs in its own dtype (``head.dtype``); the target's embedding and the lm_head rows of the
     head's draft vocabulary are copied once into that dtype. ``profile`` is the acceptance profile saved
-    beside the head (``jetflow.profile``), for the builders that take one."""
+    beside the head (``jetflow.profile``), for the builders that take one; ``correction`` the path
+    correction saved beside it (``jetflow.correction``), for ``path_prefix``."""
     head: torch.nn.Module
     target: object
     builder: str = "accum_logp"
     width: int = 7
     profile: AcceptanceProfile | None = None
+    correction: PathCorrection | None = None
     embed: torch.Tensor = field(init=False, repr=False)   # (V, H) the target's embedding, head dtype
     out: torch.Tensor = field(init=False, repr=False)     # (K, H) its lm_head rows of the draft vocabulary
     vocab: torch.Tensor | None = field(init=False, repr=False)  # (K,) draft columns -> token ids, on CPU
@@ -175,16 +178,34 @@ class HeadProposer:
     def depth_logp(self, state: HeadDraftState, tokens, new_taps) -> torch.Tensor:
         """(D, K) fp32 draft log-probs for depths 1..D after feeding the new taps; column i is
         token ``head.vocab[i]`` (token i when the head drafts the whole vocabulary, K = V)."""
+        return self.logp(self.depth_hidden(state, tokens, new_taps))
+
+    def depth_hidden(self, state: HeadDraftState, tokens, new_taps) -> torch.Tensor:
+        """(D, H) the head's final states for depths 1..D (head dtype), after feeding the new taps."""
         state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))
-        return self.logp(self.head.draft_block(state.head, tokens[-1], self.embed))
+        return self.head.draft_block(state.head, tokens[-1], self.embed)
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final head states (..., H) -> fp32 log-probs over the draft vocabulary (..., K)."""
         return torch.log_softmax(F.linear(hidden, self.out).float(), dim=-1)
 
+    def paths(self, hidden: torch.Tensor, logp: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The path correction's table (..., D-1, C, C) for head states (..., D, H) and log-probs (..., D, K')
+        (``correction.path_table``); ``cols`` (..., D, K') are logp's draft columns when it holds only some
+        (replay's top-k); None without a correction."""
+        if self.correction is None:
+            return None
+        lp, idx = candidates(logp, self.correction.config.candidates)               # (..., D, C)
+        col = idx if cols is None else cols.to(idx.device).gather(-1, idx)
+        ids = col if self.vocab is None else self.vocab.to(col.device)[col]
+        return path_table(self.correction, hidden, lp, ids, self.out[col], self.embed)
+
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
-        build = tree_builder(self.builder, width=self.width, profile=self.profile)
-        tree = build(self.depth_logp(state, tokens, new_taps), budget, tokens[-1])
+        hidden = self.depth_hidden(state, tokens, new_taps)
+        logp = self.logp(hidden)
+        paths = self.paths(hidden, logp) if "paths" in BUILDERS[self.builder].options else None
+        build = tree_builder(self.builder, width=self.width, profile=self.profile, paths=paths)
+        tree = build(logp, budget, tokens[-1])
         if self.vocab is None:
             return tree
         ids = tree.tokens.clone()
@@ -251,8 +272,8 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     """Proposer for a registered method (``jetflow.methods``; ``ar`` -> None): a training-free one from
     its entry, else its head kind's head (``head``: a directory or hub id, default: the head shipped for
     the embedded target) in ``draft_dtype`` (default: ``default_draft_dtype(target)``) under its tree
-    builder, with the acceptance profile saved beside the head (if any) and lookup branches merged in
-    when the entry says so."""
+    builder, with the acceptance profile and the path correction saved beside the head (if any) and lookup
+    branches merged in when the entry says so."""
     from .methods import method as entry  # the registry imports the proposer classes above
     m = entry(method)
     if m.proposer is not None:
@@ -266,5 +287,7 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     draft = draft.to(target.device)
     check_compatible(draft.config, target.config)
     from .profile import load_profile
-    proposer = HeadProposer(draft, target, m.builder, width, load_profile(path))
+    correction = load_correction(path)
+    proposer = HeadProposer(draft, target, m.builder, width, load_profile(path),
+                            None if correction is None else correction.to(target.device))
     return LookupMerged(proposer) if m.lookup_merged else proposer

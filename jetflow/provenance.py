@@ -36,13 +36,15 @@ def environment(target) -> dict:
 def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[dict]) -> dict:
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
     from .data import portable_path
-    from .train import command_for, data_sha256, lineage, portable_config  # train.py calls this at the end
+    from .data import data_files
+    from .train import command_for, lineage, portable_config  # train.py calls this at the end
     cfg, path = run.cfg, Path(run.cfg.data)
-    data = {"file": path.name, "path": portable_path(path),
-            "sha256": data_sha256(path), "sequences": len(rows),
+    files = data_files(path, cfg.parts)
+    data = {"file": path.name, "path": portable_path(path), **({"parts": [f.name for f in files]} if path.is_dir() else {}),
+            "sha256": run.data_sha256, "sequences": len(rows),
             "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
             "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
-    meta = path.with_name(path.name + ".meta.json")  # written by `python -m jetflow regenerate`
+    meta = files[0].with_name(files[0].name + ".meta.json")  # written by `python -m jetflow regenerate`
     data["command"] = json.loads(meta.read_text()).get("command") if meta.is_file() else None
     prov = {"command": command_for(cfg), "lineage": lineage(cfg), "data": data, "tokens": state.tokens, "steps": state.step,
             "wall_time_s": round(state.elapsed_s, 1), "seed": cfg.seed, "config": portable_config(cfg),

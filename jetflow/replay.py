@@ -122,41 +122,48 @@ def _cached_traces(path: Path) -> list[Trace]:
 @dataclass
 class DraftTable:
     """Per anchor (output index i = 0 .. len(tokens) - 2): the top-K draft log-probs per depth,
-    descending, (A, D, K) float32, and their token ids (A, D, K)."""
+    descending, (A, D, K) float32, and their token ids (A, D, K); with a path correction, its table per
+    anchor (A, D-1, C, C) over logp's top-C (``HeadProposer.paths``), for ``path_prefix``."""
     logp: torch.Tensor
     ids: torch.Tensor
+    paths: torch.Tensor | None = None
 
 
 @torch.no_grad()
-def draft_table(proposer: HeadProposer, trace: Trace, k: int = 256, chunk: int = 32) -> DraftTable:
+def draft_table(proposer: HeadProposer, trace: Trace, k: int = 256, chunk: int = 32, paths: bool = False) -> DraftTable:
     """The head's drafts at every anchor of ``trace`` (``k`` best tokens per depth), in the head's dtype
-    and with the same embedding and lm_head rows as ``HeadProposer.depth_logp``."""
+    and with the same embedding and lm_head rows as ``HeadProposer.depth_logp``; ``paths``: the path
+    correction's tables too."""
     head, target = proposer.head, proposer.target
     ids = torch.tensor(trace.prompt_ids + trace.tokens)
     _, taps = target.sequence_taps(ids.to(target.device), proposer.taps, logits=False)
     taps = taps.to(head.fc.weight.device)
     anchors = torch.arange(len(trace.prompt_ids), ids.numel() - 1)
-    logps, cols, depths = [], [], head.config.block_size - 1
+    logps, cols, tables, depths = [], [], [], head.config.block_size - 1
     for part in anchors.split(chunk):
         hidden = head.sequence_blocks(taps, head.block_inputs(ids[part], proposer.embed), part)  # (a, D, H)
         logp = proposer.logp(hidden)                                                    # (a, D, K)
         top, col = logp.topk(min(k, logp.shape[-1]), dim=-1)
         logps.append(top.cpu())
         cols.append(col.cpu())
+        if paths:
+            tables.append(proposer.paths(hidden, top, col).cpu())
     col = torch.cat(cols) if cols else torch.zeros(0, depths, k, dtype=torch.long)
     logp = torch.cat(logps) if logps else torch.zeros(0, depths, k)
-    return DraftTable(logp, col if proposer.vocab is None else proposer.vocab[col])
+    return DraftTable(logp, col if proposer.vocab is None else proposer.vocab[col],
+                      torch.cat(tables) if tables and tables[0] is not None else None)
 
 
 def walk(table: DraftTable, trace: Trace, build: Callable, budget: int, eos_ids,
-         lookup: LookupMerged | None = None) -> list[Round]:
+         lookup: LookupMerged | None = None, paths: bool = False) -> list[Round]:
     """The rounds ``generate`` runs on ``trace``'s prompt with these drafts (greedy): each round builds
     the tree at the anchor, accepts the longest path matching the continuation, commits it plus the
     bonus token (truncated at EOS and ``max_new_tokens`` like ``generate``). With ``lookup`` (a
-    ``LookupMerged``) its prompt-lookup branches are merged in first, as it does when decoding."""
+    ``LookupMerged``) its prompt-lookup branches are merged in first, as it does when decoding; with
+    ``paths`` the builder gets the anchor's path table (``path_prefix``)."""
     tokens, rounds, i = trace.tokens, [], 0
     while i + 1 < len(tokens) and tokens[i] not in eos_ids:
-        tree = build(table.logp[i], budget, tokens[i])
+        tree = build(table.logp[i], budget, tokens[i], **({"paths": table.paths[i]} if paths else {}))
         ids = tree.tokens.clone()
         ids[1:] = table.ids[i][tree.depth[1:] - 1, tree.tokens[1:]]   # columns of the top-K -> token ids
         tree = Tree(ids, tree.parents, tree.depth, tree.score)
@@ -191,7 +198,8 @@ def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Seque
         proposer = make_proposer(mine[0], target, head=(heads or {}).get(kind), draft_dtype=draft_dtype)
         proposer = getattr(proposer, "inner", proposer)  # the head's own proposer, lookup merged or not
         for ds, traces in traces_by_dataset.items():
-            tables = [draft_table(proposer, t, k) for t in
+            with_paths = any("paths" in BUILDERS[registry.method(m).builder].options for m in mine)
+            tables = [draft_table(proposer, t, k, paths=with_paths) for t in
                       tqdm(traces, desc=f"draft {kind} {ds}", disable=not progress, leave=False)]
             rows += [row | setup for m in mine
                      for row in method_rows(m, ds, traces, tables, budgets, widths, target.eos_ids, proposer)]
@@ -203,11 +211,15 @@ def method_rows(method: str, dataset: str, traces: Sequence[Trace], tables: Sequ
     """One head method's rows on one dataset: every width its builder takes x every budget (no timing)."""
     entry = registry.method(method)
     lookup = LookupMerged(proposer) if entry.lookup_merged else None
+    paths = "paths" in BUILDERS[entry.builder].options
+    if paths and any(t.paths is None for t in tables):
+        raise ValueError(f"{method} needs the path correction beside the head (correction.safetensors; "
+                         "train one with python -m jetflow train-correction)")
     rows = []
     for w in (widths if "width" in BUILDERS[entry.builder].options else (None,)):
         build = tree_builder(entry.builder, width=w, profile=proposer.profile)
         for b in budgets:
-            rounds = [r for t, tab in zip(traces, tables) for r in walk(tab, t, build, b, eos_ids, lookup)]
+            rounds = [r for t, tab in zip(traces, tables) for r in walk(tab, t, build, b, eos_ids, lookup, paths)]
             rows.append({"method": method, "dataset": dataset, "budget": b, "width": w, "builder": entry.builder,
                          "n_prompts": len(traces), "new_tokens": sum(len(t.tokens) for t in traces),
                          **round_stats(rounds)})

@@ -114,6 +114,21 @@ def trees_vs_ddtree(results: Path, name: str = "cpu-replay-trees", baseline: str
     return _md(["dataset", "budget", baseline, *methods, f"best / {baseline}"], body)
 
 
+def correction_gain(results: Path, name: str = "cpu-replay-correction") -> str:
+    """Replayed tau of the path-corrected builder (jetflow-pc) beside the same builder without the
+    correction (jetflow-bp) and DDTree, per dataset and budget, with both ratios."""
+    rows = load(results, name)
+    body = []
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        for b in sorted({r["budget"] for r in rows}):
+            tau = {r["method"]: r["tau"] for r in rows if r["dataset"] == ds and r["budget"] == b}
+            ratio = lambda a, c: f"{tau[a] / tau[c]:.3f}x" if a in tau and c in tau else "-"
+            body.append([DATASET_NAMES.get(ds, ds), str(b), *(f"{tau[m]:.2f}" if m in tau else "-"
+                         for m in ("ddtree", "jetflow-bp", "jetflow-pc")), ratio("jetflow-pc", "jetflow-bp"),
+                         ratio("jetflow-pc", "ddtree")])
+    return _md(["dataset", "budget", "ddtree", "jetflow-bp", "jetflow-pc", "pc / bp", "pc / ddtree"], body)
+
+
 def decoded(results: Path, names: Sequence[str], dataset: str) -> str:
     """Decoded tau / speedup per method and budget from side-by-side runs (each with its own AR)."""
     runs = [load(results, n) for n in names]
@@ -252,6 +267,12 @@ def _fp32_count(results: Path) -> str:
     return f"In fp32, {same} of {total} decoded outputs of the committed runs are identical to AR's."
 
 
+def train_throughput(results: Path, name: str = "cpu-train-throughput") -> str:
+    """Training slots per second, cached taps vs the online target (docs/scale.md)."""
+    from .throughput import table
+    return table(load(results, name))
+
+
 GRID = tuple(f"cpu-table-bf16-{ds}" for ds in ("gsm8k", "math500", "humaneval", "mt_bench"))
 TABLES: dict[str, Callable[[Path], str]] = {
     "replay-tau": replay_tau,
@@ -268,14 +289,18 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "headline": headline,
     "cli-help": lambda res: cli_help(),
     "replay-trees": trees_vs_ddtree,
+    "train-throughput": train_throughput,
+    "replay-correction": correction_gain,
 }
 
 
 DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout) -> its tables
     "README.md": ("headline",),
     "docs/cli.md": ("cli-help",),
+    "docs/scale.md": ("train-throughput",),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
-                        "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees"),
+                        "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
+                        "replay-correction"),
 }
 
 

@@ -36,10 +36,12 @@ class Entry:
     @property
     def renderer(self) -> Callable[[list[dict]], str]:
         """rows -> the folder's table.md (the subcommand's own table)."""
+        from .correction_train import cost_markdown
         from .profile import diagnosis_markdown
         from .speed import to_markdown as speed_markdown
-        return {"replay": replay_markdown, "diagnose": diagnosis_markdown,
-                "speed": speed_markdown}.get(self.argv[0], bench_markdown)
+        from .throughput import to_markdown as throughput_markdown
+        return {"replay": replay_markdown, "diagnose": diagnosis_markdown, "speed": speed_markdown,
+                "correction-cost": cost_markdown, "throughput": throughput_markdown}.get(self.argv[0], bench_markdown)
 
 
 def _bench(name, group, batch, methods, dataset, budgets, dtype, *extra) -> Entry:
@@ -75,10 +77,20 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                                "256", *REPLAY_DATASETS), "results", 6),
     Entry("cpu-diagnosis", ("diagnose", "--limit", str(TREES_LIMIT), "--max-new-tokens", "256", "--datasets",
                             "gsm8k,math500,humaneval,mt_bench"), "results", 6),
+    # make results, beyond the paper: the path-conditioned correction (jetflow-pc) against the same builder
+    # without it (jetflow-bp) and DDTree, and the diagnosis before/after it (GSM8K and held-out training prompts)
+    Entry("cpu-replay-correction", ("replay", "--methods", "jetflow-pc,jetflow-bp,ddtree", "--limit", str(TREES_LIMIT),
+                                    "--max-new-tokens", "256", "--datasets", "gsm8k,math500,mt_bench",
+                                    *REPLAY_DATASETS[2:]), "results", 7),
+    Entry("cpu-diagnosis-correction", ("diagnose", "--limit", str(TREES_LIMIT), "--max-new-tokens", "256", "--datasets",
+                                       "gsm8k", "--heldout", "24"), "results", 7),
+    Entry("cpu-correction-cost", ("correction-cost",), "correction-cost", 1),  # timed: run it through /work/timed
     Entry("cpu-replay-tau-merged", ("replay", "--methods", "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup",
                                     *COMMON, *REPLAY_DATASETS), "merged", 4),
     # eager vs compiled vs llama.cpp (docs/compiled.md): its own settings (3 prompts, 64 tokens, 2 threads)
     Entry("cpu-compiled", ("speed",), "compiled", 1),
+    # training throughput, cached taps vs the online target forward (docs/scale.md): 1 thread, bf16 target
+    Entry("cpu-train-throughput", ("throughput",), "throughput", 1),
 )}
 GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
 

@@ -4,22 +4,27 @@
     head, history = train(cfg)  # out/: checkpoint/, history.jsonl, config.json + model.safetensors (bf16),
                                 #       provenance.json, PROVENANCE.md; rerunning resumes exactly
 
-Per sequence ids (S,) = prompt + regenerated response: one frozen target forward gives the taps
-(S, L, H) and the teacher logits (S, V); A random anchors inside the response each open a block
+Per sequence ids (S,) = prompt + regenerated response: the frozen target gives the taps (S, L, H) and,
+for the KL loss, the teacher logits (S, V); A random anchors inside the response each open a block
 ``[anchor, MASK x D]``; the head runs all blocks in one pass under ``training_mask``, and the
 target's frozen lm_head turns slots 1..D (D = Q-1, Q the block size) into logits (A, D, V). Slot k of the block at
 anchor a predicts token a+k (teacher: target logits at a+k-1); slots past the end are masked; depth k
 weighs exp(-(k-1)/gamma) (gamma 0 = uniform).
 
-Target features are computed on the fly, not cached on disk: a cache holds S*L*H taps per sequence
-plus, for the KL loss, S*V teacher logits (~100 MB per 512-token SmolLM2 sequence; more for a bigger
-vocabulary), while the bf16 target forward is a small share of a step: on SmolLM2 with 4 sequences
-x 32 anchors, ~0.19 s of ~1 s per sequence (~15-20%, 1 thread); the head's pass, the full-vocabulary
-log-softmax of the loss and the backward dominate. The target runs under no_grad and its embedding
-and lm_head enter the graph detached: only head parameters get gradients.
+Where a step's taps come from is ``taps``: ``online`` runs the frozen target over the sequence every step
+(the KL loss needs this: its teacher is the target's whole distribution; GPU users with large targets,
+whose taps would not fit on disk), ``cached`` reads them from the memory-mapped taps cache that
+``python -m jetflow taps`` builds (``jetflow.taps``; loss ce only), so the step is the head's alone; with a
+bf16 target both give the same loss and weights (tests/test_taps.py). ``data`` may be a chunked folder
+(``regenerate --chunks K``) and ``parts`` its first K files; the held-out rows are always the first
+file's last ``eval_seqs``, and evaluation runs the target online in either mode. The target runs under
+no_grad and its embedding and lm_head enter the graph detached: only head parameters get gradients.
 
 Resume is exact: data order and anchors are pure functions of (seed, data position), and the
 checkpoint holds the head, AdamW, scheduler and RNG states (``accelerate.save_state``).
+Across processes (``accelerate launch --multi_gpu``, docs/distributed.md) each process takes every N-th
+sequence of a step and DDP averages the gradients: the weights do not depend on the number of
+processes, up to float rounding (tests/test_distributed.py), and a run may resume on another number.
 CPU note: beside another torch job on 2 cores, run with OMP_NUM_THREADS=1; oversubscribed threads
 made one 180-token SmolLM2 forward take 7.6 s instead of 0.15 s.
 """
@@ -31,6 +36,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import shutil
 import time
 from collections import Counter
@@ -44,7 +50,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import jsonl
-from .data import load_regenerated, portable_path, shell_join
+from .data import data_files, load_regenerated, portable_path, shell_join
 from .flags import command_args, option
 from .checkpoint import init_from_target
 from .head import DraftHead, HeadConfig
@@ -52,6 +58,7 @@ from .metrics import simulated_tau
 from .objective import curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets
 from .provenance import write_provenance
 from .target import DTYPES, load_target
+from .taps import CachedTaps, OnlineTaps, cache_for, default_dir, sequence_ids
 
 BUILTIN_INITS = ("target", "random")  # any other ``init`` names a trained head's directory (warm start)
 
@@ -65,7 +72,15 @@ def _init_path(text: str) -> str:
 class TrainConfig:
     """One training run. Each field's help and flag (``--name``, or ``--set name=value`` for fields
     without one) are its metadata: the ``train`` subcommand and ``command_for`` are generated from it."""
-    data: str = option("", "regenerated JSONL (python -m jetflow regenerate)", required=True)
+    data: str = option("", "regenerated JSONL, or a chunked folder of them (python -m jetflow regenerate)",
+                       required=True)
+    parts: int = option(0, "with a chunked --data folder: train on its first K parts (0: all); the "
+                        "held-out rows are part 0's last, whatever K")
+    taps: str = option("online", "online: the target runs over each sequence every step; cached: read "
+                       "the taps cache (python -m jetflow taps), the step is the head's alone (loss ce)",
+                       choices=("online", "cached"))
+    taps_dir: str | None = option(None, "the taps cache folder (default: the one `jetflow taps` writes for "
+                                  "--data)", parse=lambda text: str(Path(text).resolve()))
     out: str = option("", "output dir (checkpoint, history, head, provenance); rerunning resumes from its "
                       "checkpoint", required=True)
     model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2-135M-Instruct)")
@@ -104,6 +119,10 @@ class TrainConfig:
         problems += [f"draft_vocab must be >= 0, got {self.draft_vocab}"] if self.draft_vocab < 0 else []
         problems += [msg for bad, msg in [
             (self.loss not in ("kl", "ce"), f"loss must be kl or ce, got {self.loss!r}"),
+            (self.taps not in ("online", "cached"), f"taps must be online or cached, got {self.taps!r}"),
+            (self.taps == "cached" and self.loss == "kl", "cached taps hold no teacher distribution: "
+             "train with --loss ce, or with --taps online for kl"),
+            (self.parts < 0, f"parts must be >= 0 (0: all), got {self.parts}"),
             (self.init not in BUILTIN_INITS and not (Path(self.init) / "config.json").is_file(),
              f"init must be target, random or a head directory holding config.json, got {self.init!r}"),
             (self.dtype not in DTYPES, f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"),
@@ -179,13 +198,15 @@ def block_logits(blocks: nn.Module, target, taps, ids, anchors) -> torch.Tensor:
     return F.linear(hidden.to(weight.dtype), weight, bias).float()
 
 
-def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0) -> tuple[torch.Tensor, int]:
+def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0, features=None
+                  ) -> tuple[torch.Tensor, int]:
     """Depth-weighted loss of all blocks of one sequence, and its number of supervised slots. With a
     draft vocabulary, "ce" skips slots whose token lies outside it and "kl" renormalises the teacher
-    over it."""
+    over it. ``features`` = (teacher logits (S, V) or None, taps (S, L, H)) of the sequence, from a
+    taps source (``jetflow.taps``); default: the target's forward."""
     head = _unwrap(blocks).head
     c = head.config
-    teacher_logits, taps = target.sequence_taps(ids, c.target_layer_ids, logits=cfg.loss == "kl")
+    teacher_logits, taps = features or target.sequence_taps(ids, c.target_layer_ids, logits=cfg.loss == "kl")
     logits = block_logits(blocks, target, taps, ids, anchors)                           # (A, D, K)
     pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
     cols, known = draft_columns(head, ids)
@@ -223,9 +244,13 @@ def evaluate(head: DraftHead, target, seqs: list[tuple[torch.Tensor, int]], *, s
 # ----------------------------------------------------------------------------- data order
 def as_sequences(rows: list[dict], max_len: int) -> list[tuple[torch.Tensor, int]]:
     """(ids (S,), prompt_len) per row, truncated to max_len; rows left without an anchor are dropped."""
-    seqs = [(torch.tensor(list(r["prompt_ids"]) + list(r["response_ids"]))[:max_len], len(r["prompt_ids"]))
-            for r in rows]
-    return [(ids, p) for ids, p in seqs if ids.numel() - 1 > p]
+    return [seq for _, seq in indexed_sequences(rows, range(len(rows)), max_len)]
+
+
+def indexed_sequences(rows: list[dict], index, max_len: int) -> list[tuple[int, tuple[torch.Tensor, int]]]:
+    """(row, (ids, prompt_len)) for the rows numbered ``index`` that keep an anchor after truncation."""
+    seqs = ((i, (sequence_ids(rows[i], max_len), len(rows[i]["prompt_ids"]))) for i in index)
+    return [(i, (ids, p)) for i, (ids, p) in seqs if ids.numel() - 1 > p]
 
 
 def _seed(*key) -> int:
@@ -274,6 +299,9 @@ class TrainingRun:
     train_seqs: list              # [(ids (S,), prompt_len)]
     eval_seqs: list
     out: Path
+    train_rows: list = field(default_factory=list)  # the data row of each training sequence
+    source: object = None         # the taps source: (row, ids, logits) -> (teacher logits | None, taps)
+    data_sha256: str = ""         # the data files by content (resume refuses other data)
 
     @property
     def head(self) -> DraftHead:
@@ -287,12 +315,15 @@ def train_step(run: TrainingRun, first: int) -> tuple[float, Counter]:
     mine = list(range(first, first + cfg.seqs_per_step))[acc.process_index::acc.num_processes]
     losses, counts = [], torch.zeros(3, dtype=torch.long)
     for i, position in enumerate(mine):
-        ids, p = run.train_seqs[row_at(position, len(run.train_seqs), cfg.seed)]
+        index = row_at(position, len(run.train_seqs), cfg.seed)
+        ids, p = run.train_seqs[index]
         ids = ids.to(acc.device)
         anchors = anchors_at(position, p, ids.numel(), cfg).to(acc.device)
+        features = run.source(run.train_rows[index], ids, cfg.loss == "kl")
         # under DDP, all-reduce the gradients once per step, after the last sequence
         with acc.no_sync(run.blocks) if i < len(mine) - 1 else contextlib.nullcontext():
-            loss, slots = sequence_loss(run.blocks, run.target, ids, anchors, cfg, first // cfg.seqs_per_step)
+            loss, slots = sequence_loss(run.blocks, run.target, ids, anchors, cfg, first // cfg.seqs_per_step,
+                                        features)
             acc.backward(loss / len(mine))
         losses.append(loss.detach())
         counts += torch.tensor([ids.numel(), ids.numel() - p, slots])
@@ -312,9 +343,10 @@ def save_checkpoint(run: TrainingRun, progress: Progress) -> None:
     if run.accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)  # a save cut short: never the only copy
     run.accelerator.wait_for_everyone()
-    run.accelerator.save_state(str(tmp))
+    run.accelerator.save_state(str(tmp))  # every process writes its RNG state; the main one the rest
+    run.accelerator.wait_for_everyone()   # all of them in tmp before train_state.json marks it whole
     if run.accelerator.is_main_process:
-        state = asdict(progress) | {"config": asdict(run.cfg), "data_sha256": data_sha256(run.cfg.data)}
+        state = asdict(progress) | {"config": asdict(run.cfg), "data_sha256": run.data_sha256}
         (tmp / "train_state.json").write_text(json.dumps(state, indent=1) + "\n")  # written last: marks tmp whole
         _swap_in(tmp, ckpt, old)
     run.accelerator.wait_for_everyone()
@@ -329,6 +361,13 @@ def _swap_in(new: Path, ckpt: Path, old: Path) -> None:
         ckpt.rename(old)
     new.rename(ckpt)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def files_sha256(files: list[Path]) -> str:
+    """The data by content: one file's sha256, or of several files the sha256 of their sha256s."""
+    if len(files) == 1:
+        return data_sha256(files[0])
+    return hashlib.sha256("\n".join(data_sha256(f) for f in files).encode()).hexdigest()
 
 
 def data_sha256(path: str | Path) -> str:
@@ -354,10 +393,10 @@ def load_checkpoint(run: TrainingRun) -> Progress:
     if ckpt is None:
         return Progress()
     state = json.loads((ckpt / "train_state.json").read_text())
-    free = ("eval_every", "save_every", "eval_stride")  # may change between runs without changing results
+    free = ("eval_every", "save_every", "eval_stride", "taps_dir")  # may change without changing results
     if "data_sha256" in state:  # the data by content: a moved or renamed file resumes, an edited one does not
         free += ("data", "out")
-        if state["data_sha256"] != data_sha256(run.cfg.data):
+        if state["data_sha256"] != run.data_sha256:
             raise ValueError(f"{run.out} holds a checkpoint trained on other data (the sha256 of {run.cfg.data} "
                              "differs); resume with the same data file or choose a new --out")
     changed = sorted(k for k, v in asdict(run.cfg).items() if state["config"].get(k) != v and k not in free)
@@ -422,29 +461,45 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
     from accelerate.utils import set_seed
     if not cfg.out:
         raise ValueError("TrainConfig.out (--out) must name an output directory")
-    if not Path(cfg.data).is_file():
-        raise FileNotFoundError(f"data file {cfg.data!r} does not exist; make one with "
-                                "`python -m jetflow regenerate --out FILE`")
-    rows = load_regenerated(cfg.data)
-    if len(rows) <= cfg.eval_seqs:
-        raise ValueError(f"{cfg.data} has {len(rows)} sequences; need more than eval_seqs={cfg.eval_seqs}")
-    train_seqs = as_sequences(rows[:-cfg.eval_seqs], cfg.max_len)
-    if not train_seqs:
+    files = data_files(cfg.data, cfg.parts)
+    per_file = [load_regenerated(f) for f in files]
+    rows = [r for part in per_file for r in part]
+    n0 = len(per_file[0])  # held out: the first file's last eval_seqs rows (the same for every --parts)
+    if n0 <= cfg.eval_seqs:
+        raise ValueError(f"{files[0]} has {n0} sequences; need more than eval_seqs={cfg.eval_seqs}")
+    held = range(n0 - cfg.eval_seqs, n0)
+    train_rows = [i for i in range(len(rows)) if i not in held]
+    indexed = indexed_sequences(rows, train_rows, cfg.max_len)
+    if not indexed:
         raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
     accelerator = Accelerator(step_scheduler_with_optimizer=False)  # one global step = one scheduler step
+    check_launch(accelerator)
     if cfg.seqs_per_step % accelerator.num_processes:
         raise ValueError(f"seqs_per_step ({cfg.seqs_per_step}) must be a multiple of the number of "
                          f"processes ({accelerator.num_processes})")
     set_seed(cfg.seed)
     target = target or load_target(cfg.model, dtype=cfg.dtype, device=str(accelerator.device))
-    head = build_head(cfg, target, rows[:-cfg.eval_seqs])
+    training = [rows[i] for i in train_rows]
+    head = build_head(cfg, target, training)
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.steps, cfg.warmup))
     blocks, optimizer, scheduler = accelerator.prepare(BlockForward(head), optimizer, scheduler)
-    run = TrainingRun(cfg, target, accelerator, blocks, optimizer, scheduler, train_seqs,
-              as_sequences(rows[-cfg.eval_seqs:], cfg.max_len), Path(cfg.out))
+    run = TrainingRun(cfg, target, accelerator, blocks, optimizer, scheduler, [seq for _, seq in indexed],
+                      as_sequences([rows[i] for i in held], cfg.max_len), Path(cfg.out),
+                      train_rows=[i for i, _ in indexed], source=taps_source(cfg, target, files, head),
+                      data_sha256=files_sha256(files))
     run.out.mkdir(parents=True, exist_ok=True)
     return run, rows
+
+
+def taps_source(cfg: TrainConfig, target, files: list[Path], head: DraftHead):
+    """Where a step's taps come from: the target's forward (online) or the taps cache (cached)."""
+    layers = head.config.target_layer_ids
+    if cfg.taps == "online":
+        return OnlineTaps(target, layers)
+    root = Path(cfg.taps_dir) if cfg.taps_dir else default_dir(cfg.data, target.name, layers)
+    caches = [cache_for(root, f, Path(cfg.data).is_dir()) for f in files]
+    return CachedTaps.open(target, files, caches, layers=layers, max_len=cfg.max_len)
 
 
 def train(cfg: TrainConfig, target=None, *, stop_at: int | None = None, progress: bool = True
@@ -485,10 +540,40 @@ def check_out(out: str | Path) -> None:
                          "training would overwrite it: choose a new or empty --out")
 
 
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")  # torchrun, then mpirun's
+WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def _launched(names: tuple[str, ...], default: str) -> str:
+    """The first of the launcher's variables ``names`` that is set (read before accelerate starts)."""
+    return next((os.environ[k] for k in names if k in os.environ), default)
+
+
 def _is_main() -> bool:
-    """Whether this is the main process of an ``accelerate launch`` (only it writes to out/)."""
-    import os
-    return os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
+    """Whether this is the main process of an ``accelerate launch`` (only it takes out/'s lock and writes
+    there); read from the launcher's environment, before the Accelerator exists."""
+    return _launched(RANK_VARS, "0") == "0"
+
+
+SHARDED = ("FSDP", "DEEPSPEED", "MEGATRON_LM")  # accelerate's DistributedType names this loop does not drive
+
+
+def check_launch(accelerator) -> None:
+    """Refuse a launch this loop cannot train correctly. (1) torchrun started N processes but accelerate
+    joined fewer (``accelerate launch --multi_gpu`` without a GPU per process, unless ACCELERATE_USE_CPU=1):
+    each would train the whole batch alone and all would write the same out/. (2) Sharded training:
+    evaluation calls the head outside the prepared module, the main process alone saves the final head
+    (it holds only its shard), and under DeepSpeed every backward would step the optimiser (see
+    docs/distributed.md); only data parallelism (DDP, one whole head per process) is supported."""
+    launched = int(_launched(WORLD_VARS, "1"))
+    if launched != accelerator.num_processes:
+        raise ValueError(f"launched as {launched} processes but accelerate joined {accelerator.num_processes}: "
+                         "without a GPU per process, set ACCELERATE_USE_CPU=1 to train on CPU processes "
+                         "(gloo); see docs/distributed.md")
+    if accelerator.distributed_type in SHARDED:  # a str enum: equal to its name
+        kind = getattr(accelerator.distributed_type, "value", accelerator.distributed_type)
+        raise ValueError(f"training under {kind} is not supported (only data parallelism: accelerate launch "
+                         "--multi_gpu); see docs/distributed.md")
 
 
 def _loop(run: TrainingRun, state: Progress, history: list[dict], end: int, progress: bool) -> dict:
@@ -550,11 +635,13 @@ def command_for(cfg: TrainConfig) -> str:
     args = command_args(cfg, TrainConfig.from_name(cfg.preset), prefix, skip=("data", "out"))
     if cfg.init not in BUILTIN_INITS:
         args[args.index("--init") + 1] = portable_path(cfg.init)
+    if cfg.taps_dir:
+        args[args.index("--taps-dir") + 1] = portable_path(cfg.taps_dir)
     return shell_join(args)
 
 
 def portable_config(cfg: TrainConfig) -> dict:
     """The config as provenance records it: its paths through ``portable_path`` (no machine-local paths)."""
-    paths = {k: portable_path(getattr(cfg, k)) for k in ("data", "out") if getattr(cfg, k)}
+    paths = {k: portable_path(getattr(cfg, k)) for k in ("data", "out", "taps_dir") if getattr(cfg, k)}
     return asdict(cfg) | paths | ({"init": portable_path(cfg.init)} if cfg.init not in BUILTIN_INITS else {})
 

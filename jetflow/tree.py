@@ -351,3 +351,44 @@ def tree_builder(name: str, **options) -> Callable[[torch.Tensor, int, int], Tre
     if name not in BUILDERS:
         raise ValueError(f"unknown tree builder {name!r}; choose from {', '.join(BUILDERS)}")
     return BUILDERS[name].bind(**options)
+
+
+def path_prefix(logp: torch.Tensor, budget: int, root: int, paths: torch.Tensor | None = None) -> Tree:
+    """Best prefixes under parent-dependent distributions (beyond the paper): each node at depth d-1 gets
+    its own depth-d row, so a node's score is its path's corrected log-prob.
+
+    ``paths`` (D-1, C, C) is the round's table (``jetflow.correction.path_table``): [d-2, r, c] = log P(the
+    c-th of depth d's top-C tokens | its parent is the r-th of depth d-1's); depth 1 reads ``logp``'s top-C.
+    Only those C candidates per depth are ever drafted. A heap of frontier candidates (depth, place in the
+    parent's row sorted best first, parent); popping one places it and pushes its next sibling and its own
+    first child, as ``best_prefix`` does under shared rows."""
+    _check(logp, budget)
+    if paths is None:
+        raise ValueError("path_prefix needs the round's path table (correction.safetensors beside the head; "
+                         "train one with python -m jetflow train-correction)")
+    c = paths.shape[-1]
+    if paths.shape != (logp.shape[0] - 1, c, c) or c > logp.shape[1]:
+        raise ValueError(f"paths must be (D-1, C, C) with C <= K for logp {tuple(logp.shape)}, got {tuple(paths.shape)}")
+    top_lp, top_tok = logp.float().topk(c, dim=-1)                                   # (D, C)
+    top_tok = top_tok.tolist()
+    row_lp, row_col = paths.float().sort(dim=-1, descending=True)                    # (D-1, C, C) best child first
+    rows = [[(top_lp[0].tolist(), list(range(c)))]] + [                             # rows[d-1][r]: (lps, columns)
+        list(zip(row_lp[d].tolist(), row_col[d].tolist())) for d in range(paths.shape[0])]
+    depth_max = logp.shape[0]
+    tokens, parents, depth, score, col = [root], [-1], [0], [0.0], [0]
+    order = itertools.count()
+    heap = [(-rows[0][0][0][0], next(order), 1, 0, 0)]  # (-score, tie, depth, place in row, parent)
+    while heap and len(tokens) - 1 < budget:
+        neg, _, d, i, p = heapq.heappop(heap)
+        lps, cols = rows[d - 1][col[p] if d > 1 else 0]
+        tokens.append(top_tok[d - 1][cols[i]]); parents.append(p); depth.append(d); score.append(-neg)
+        col.append(cols[i])
+        if i + 1 < c:
+            heapq.heappush(heap, (-(score[p] + lps[i + 1]), next(order), d, i + 1, p))
+        if d < depth_max:
+            heapq.heappush(heap, (-(-neg + rows[d][cols[i]][0][0]), next(order), d + 1, 0, len(tokens) - 1))
+    return Tree.from_lists(tokens, parents, depth, score)
+
+
+BUILDERS["path_prefix"] = Builder("path_prefix", path_prefix, "best prefixes by parent-corrected path log-prob: "
+                                  "each node's children re-scored by the path correction", ("paths",))

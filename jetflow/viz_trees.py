@@ -10,12 +10,18 @@ import plotly.graph_objects as go
 from .viz import DASHES, PALETTE, TEMPLATE
 
 STATE_NAMES = {"spine": "on the argmax spine", "off_spine": "off the spine", "after_sibling": "right after a sibling"}
+HEAD_NAMES = {"causal": "causal head", "corrected": "path-corrected"}
 
 
-def spine_series(rows: Sequence[dict], dataset: str) -> dict[str, tuple[list[int], list[float | None]]]:
-    """state -> (depths, argmax acceptance) for one dataset's ``table == "spine"`` rows."""
+def _head(row: dict) -> str:
+    return row.get("head", "causal")  # rows from before the path correction are the head's own
+
+
+def spine_series(rows: Sequence[dict], dataset: str, head: str = "causal") -> dict[str, tuple[list[int], list[float | None]]]:
+    """state -> (depths, argmax acceptance) for one dataset's ``table == "spine"`` rows of ``head``."""
     out: dict[str, tuple[list[int], list[float | None]]] = {}
-    for r in sorted((r for r in rows if r["table"] == "spine" and r["dataset"] == dataset), key=lambda r: r["depth"]):
+    for r in sorted((r for r in rows if r["table"] == "spine" and r["dataset"] == dataset and _head(r) == head),
+                    key=lambda r: r["depth"]):
         depths, rates = out.setdefault(r["state"], ([], []))
         depths.append(r["depth"])
         rates.append(r["argmax_accept"])
@@ -34,20 +40,34 @@ def spine_figure(rows: Sequence[dict]) -> go.Figure:
     return fig
 
 
-def heatmap_grid(rows: Sequence[dict], dataset: str, state: str) -> tuple[list[int], list[int], list[list]]:
+def correction_figure(rows: Sequence[dict], dataset: str) -> go.Figure:
+    """One dataset's argmax acceptance on and off the spine, the head's rows (solid) against the
+    path-corrected ones (dashed): what the correction buys off the spine."""
+    fig = go.Figure(layout=dict(template=TEMPLATE, title=dict(text=f"Before and after the path correction: {dataset}",
+                    subtitle=dict(text="P(the depth-d argmax is accepted | the true path so far)")),
+                    xaxis_title="depth d", yaxis_title="P(argmax accepted)", yaxis_range=[0, 1]))
+    for j, head in enumerate(HEAD_NAMES):
+        for i, (state, (depths, rates)) in enumerate(spine_series(rows, dataset, head).items()):
+            fig.add_trace(go.Scatter(x=depths, y=rates, mode="lines+markers", name=f"{HEAD_NAMES[head]}: {STATE_NAMES[state]}",
+                                     line=dict(color=PALETTE[i % len(PALETTE)], dash=DASHES[j % len(DASHES)])))
+    return fig
+
+
+def heatmap_grid(rows: Sequence[dict], dataset: str, state: str, head: str = "causal"
+                 ) -> tuple[list[int], list[int], list[list]]:
     """(depths, ranks, z) with z[d][r] the acceptance of the rank-r token at depth d (None: not reached)."""
     cells = {(r["depth"], r["rank"]): r["accept"] for r in rows
-             if r["table"] == "heatmap" and r["dataset"] == dataset and r["state"] == state}
+             if r["table"] == "heatmap" and r["dataset"] == dataset and r["state"] == state and _head(r) == head}
     depths, ranks = sorted({d for d, _ in cells}), sorted({k for _, k in cells})
     return depths, ranks, [[cells.get((d, k)) for k in ranks] for d in depths]
 
 
-def heatmap_figure(rows: Sequence[dict], dataset: str, state: str = "spine") -> go.Figure:
-    """Acceptance per (depth, rank) for one dataset and path state, a heatmap."""
-    depths, ranks, z = heatmap_grid(rows, dataset, state)
+def heatmap_figure(rows: Sequence[dict], dataset: str, state: str = "spine", head: str = "causal") -> go.Figure:
+    """Acceptance per (depth, rank) for one dataset, path state and head (``causal`` or ``corrected``), a heatmap."""
+    depths, ranks, z = heatmap_grid(rows, dataset, state, head)
     fig = go.Figure(go.Heatmap(x=ranks, y=depths, z=z, colorscale="Viridis", zmin=0, zmax=1,
                                colorbar=dict(title="accepted")),
                     layout=dict(template=TEMPLATE, title=dict(text=f"Acceptance by depth and rank: {dataset}",
-                                subtitle=dict(text=f"parent {STATE_NAMES[state]}")),
+                                subtitle=dict(text=f"{HEAD_NAMES[head]}, parent {STATE_NAMES[state]}")),
                                 xaxis_title="rank in the head's row", yaxis_title="depth d", yaxis_autorange="reversed"))
     return fig

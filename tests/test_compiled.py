@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from fakes import ByteTokenizer, tiny_model
-from jetflow.compiled import CompileConfig, StaticKV, compile_target, padded_mask
+from jetflow.compiled import CompileConfig, CompiledHeadProposer, StaticKV, compile_target, padded_mask
 from jetflow.decode import generate
 from jetflow.proposers import HeadProposer, LookupMerged, LookupProposer, OracleProposer, RandomProposer
 from jetflow.target import Target, keep_path
@@ -129,27 +129,71 @@ def test_an_old_cache_handle_is_refused():
     assert isinstance(target.new_cache(), StaticKV) and target.max_context == 32
 
 
-def _head_proposers(target):
+@pytest.fixture(scope="module")
+def head_proposers(compiled):
+    """Eager head proposers over one random 1-layer head (one tap): the compiled target compiles
+    their draft pass, one graph per context bucket for the one head."""
     from jetflow.train import TrainConfig, build_head
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
-    head = build_head(TrainConfig(block_size=6, num_layers=1, init="random"), target, rows).eval()  # one tap
-    jetflow = HeadProposer(head, target, "accum_logp", width=3)
-    return {"jetflow": jetflow, "dflash-chain": HeadProposer(head, target, "chain"),
+    head = build_head(TrainConfig(block_size=6, num_layers=1, init="random"), compiled, rows).eval()
+    jetflow = HeadProposer(head, compiled, "accum_logp", width=3)
+    return {"jetflow": jetflow, "dflash-chain": HeadProposer(head, compiled, "chain"),
             "jetflow+lookup": LookupMerged(jetflow)}
 
 
-def test_compiled_and_eager_give_the_same_greedy_tokens(eager_target, compiled):
+@pytest.mark.parametrize("n_ctx", [5, 64])  # padded to the 64 bucket, and filling it exactly
+def test_compiled_draft_pass_equals_the_eager_one(compiled, head_proposers, n_ctx):
+    eager = head_proposers["jetflow"]
+    twin = compiled.draft_proposer(eager)
+    assert isinstance(twin, CompiledHeadProposer) and compiled.draft_proposer(eager) is twin
+    assert compiled.draft_proposer(head_proposers["dflash-chain"]).draft is twin.draft  # one head, one draft
+    taps = torch.randn(n_ctx, len(eager.taps), compiled.config.hidden_size, generator=torch.Generator().manual_seed(n_ctx))
+    state = eager.head.extend(None, taps)
+    hidden = eager.head.draft_block(state, 401, eager.embed)
+    want = eager.logp(hidden)
+    got_hidden, got = twin.draft(state, 401, eager.embed)
+    assert got.shape == want.shape == (eager.head.config.block_size - 1, compiled.config.vocab_size)
+    torch.testing.assert_close(got_hidden, hidden, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert twin.logp(twin.depth_hidden(eager.start(None), [401], taps[-1:])) is twin._last[1]  # the graph's own
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    assert set(twin.draft.compile_s) == {64}
+
+
+def test_only_head_proposers_get_a_compiled_draft(compiled, head_proposers):
+    merged = compiled.draft_proposer(head_proposers["jetflow+lookup"])
+    assert isinstance(merged, LookupMerged) and isinstance(merged.inner, CompiledHeadProposer)
+    lookup = LookupProposer()
+    assert compiled.draft_proposer(lookup) is lookup and compiled.draft_proposer(None) is None
+    off = compile_target(Target(tiny_model("llama", 16), ByteTokenizer(), "tiny"),
+                         CompileConfig(cache_len=32, query_sizes=(1,), compile_head=False))
+    assert off.draft_proposer(head_proposers["jetflow"]) is head_proposers["jetflow"]
+
+
+def test_head_context_buckets():
+    cfg = CompileConfig(cache_len=300, query_sizes=(1,))
+    assert cfg.head_contexts == (64, 128, 256, 300)
+    assert [cfg.context(n) for n in (1, 64, 65, 257, 300)] == [64, 64, 128, 300, 300]
+    with pytest.raises(ValueError, match="a head context of 301 rows exceeds the largest compiled size 300"):
+        cfg.context(301)
+    with pytest.raises(ValueError, match="head_contexts must be increasing"):
+        CompileConfig(head_contexts=(128, 64))
+
+
+def test_compiled_and_eager_give_the_same_greedy_tokens(eager_target, compiled, head_proposers):
     for ids in PROMPTS:
         ref = hf_greedy(eager_target, ids, NEW)
         assert generate(compiled, torch.tensor(ids), None, max_new_tokens=NEW).tokens == ref
         v = eager_target.config.vocab_size
         stubs = {"random": RandomProposer(v, width=3), "oracle": OracleProposer(ref, v),
                  "oracle-wrong-at-3": OracleProposer(ref, v, wrong_at=3, siblings=2), "lookup": LookupProposer()}
-        for name, proposer in {**stubs, **_head_proposers(compiled)}.items():
+        for name, proposer in {**stubs, **head_proposers}.items():
             for budget in (1, 8):
                 res = generate(compiled, torch.tensor(ids), proposer, budget=budget, max_new_tokens=NEW)
                 assert res.tokens == ref, (name, budget)
     assert set(compiled.engine.compile_s) == set(SIZES)  # every decode forward ran a compiled graph
+    draft = compiled.draft_proposer(head_proposers["jetflow"]).draft
+    assert set(draft.compile_s) == {64} and list(compiled.engine.drafts.values()) == [draft]  # every draft too
 
 
 def test_compiled_taps_equal_eager_taps(eager_target, compiled):
@@ -178,3 +222,16 @@ def test_every_decoding_command_takes_compile(argv):
     from jetflow.cli import build_parser
     parser = build_parser()
     assert parser.parse_args(argv + ["--compile"]).compile and not parser.parse_args(argv).compile
+
+
+def test_speed_draft_rows_time_and_compare_both_passes(eager_target, compiled, head_proposers):
+    from jetflow.speed import SpeedConfig, _context_state, draft_rows, warm_drafts
+    cfg = SpeedConfig(past_len=10, draft_repeats=2)
+    props = {"jetflow+lookup": head_proposers["jetflow+lookup"], "lookup": LookupProposer()}
+    state = _context_state(eager_target, cfg)
+    warm_drafts(compiled, props, state)  # a compile row unless an earlier test compiled this head's graph
+    assert warm_drafts(compiled, props, state) == []  # compiled now: no second compile row
+    rows = draft_rows(compiled, props, state, cfg)
+    assert [(r["method"], r["path"]) for r in rows] == [("jetflow+lookup", "eager"), ("jetflow+lookup", "compiled")]
+    assert all(r["context"] == 10 and r["seconds"] > 0 and r["argmax_differs"] == 0 for r in rows)
+    assert rows[0]["max_abs_diff"] < 1e-3

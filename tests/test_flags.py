@@ -61,7 +61,7 @@ def test_the_command_rebuilds_the_config(changes):
 
 def test_regenerate_command_names_every_size_and_only_changed_models():
     cmd = regenerate_command(RegenerateConfig(n=30, data_dir="/x"), Path("/tmp/regen-30.jsonl"))
-    assert cmd == ("python -m jetflow regenerate --n 30 --out regen-30.jsonl --batch-size 16 --max-new-tokens 192 "
+    assert cmd == ("python -m jetflow regenerate --n 30 --chunks 1 --out regen-30.jsonl --batch-size 16 --max-new-tokens 192 "
                    "--max-prompt-tokens 512 --seed 0")
     cmd = regenerate_command(RegenerateConfig(model="m/x", dtype="float32"), Path("r.jsonl"))
     assert cmd.endswith("--seed 0 --model m/x --dtype float32")

@@ -122,3 +122,24 @@ def test_diagnosis_rows_report_spine_and_off_spine_rates():
     assert rows["spine", "after_sibling", 2, None]["argmax_accept"] == 0.0
     assert rows["heatmap", "off_spine", 2, 2]["accept"] == 1.0
     assert "after_sibling" in pf.diagnosis_markdown(list(rows.values()))
+
+
+def test_corrected_ranks_equal_a_loop():
+    """The rank of the true token in its true parent's corrected row, by a loop over anchors and depths."""
+    g = torch.Generator().manual_seed(0)
+    a, d, c = 6, 4, 3
+    paths = torch.randn(a, d - 1, c, c, generator=g)
+    ranks = torch.randint(-1, c + 2, (a, d), generator=g)
+    got = pf.corrected_ranks(paths, ranks)
+    for i in range(a):
+        assert got[i, 0] == min(ranks[i, 0], c)
+        for j in range(1, d):
+            parent, child = ranks[i, j - 1].item(), ranks[i, j].item()
+            if child < 0:
+                want = -1
+            elif not (0 <= parent < c and child < c):
+                want = c
+            else:
+                row = paths[i, j - 1, parent].tolist()
+                want = sorted(row, reverse=True).index(row[child])
+            assert got[i, j] == want, (i, j)

@@ -31,16 +31,34 @@ def config_of(name):
 def test_the_entry_reproduces_the_committed_folder(name):
     rows = json.loads((RESULTS / name / "rows.json").read_text())
     assert results.command(name)[-2:] == ["--out", str(RESULTS / name)]
+    if results.entry(name).argv[0] == "correction-cost":  # timed rows of the path correction, per prompt and budget
+        from jetflow.correction_train import CostConfig
+        args = build_parser().parse_args(results.command(name))
+        cfg = CostConfig(**given(args, CostConfig))
+        assert {r["budget"] for r in rows} == set(cfg.budgets) and len({r["prompt"] for r in rows}) == cfg.prompts
+        assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
+        return
     if results.entry(name).argv[0] == "speed":  # one setup row holds the run's settings
         from jetflow import speed
         args = build_parser().parse_args(results.command(name))
         assert rows[0]["kind"] == "setup" and rows[0]["config"]["limit"] == speed.config_of(args).limit
         assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
         return
+    if results.entry(name).argv[0] == "throughput":  # every row holds the run's settings
+        from jetflow.throughput import SOURCES, ThroughputConfig
+        args = build_parser().parse_args(results.command(name))
+        cfg = ThroughputConfig(**given(args, ThroughputConfig))
+        assert [(r["anchors"], r["taps"]) for r in rows] == [(a, s) for a in cfg.anchors for s in SOURCES]
+        assert {r["steps"] for r in rows} == {cfg.steps} and {r["dtype"] for r in rows} == {cfg.dtype}
+        assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
+        return
     cfg = config_of(name)
     if isinstance(cfg, DiagnoseConfig):
-        assert list(dict.fromkeys(r["dataset"] for r in rows)) == list(cfg.datasets)
-        assert {r["n_prompts"] for r in rows} == {cfg.limit} and {r["dtype"] for r in rows} == {"float32"}
+        heldout = ["heldout"] if cfg.heldout else []
+        assert list(dict.fromkeys(r["dataset"] for r in rows)) == list(cfg.datasets) + heldout
+        assert {r["n_prompts"] for r in rows if r["dataset"] != "heldout"} == {cfg.limit}
+        assert {r["n_prompts"] for r in rows if r["dataset"] == "heldout"} <= {cfg.heldout}
+        assert {r["dtype"] for r in rows} == {"float32"}
         assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
         return
     assert {r["method"] for r in rows} == set(cfg.methods) | ({"ar"} if isinstance(cfg, BenchConfig) else set())
@@ -48,8 +66,11 @@ def test_the_entry_reproduces_the_committed_folder(name):
     assert {r["budget"] for r in rows} - {None} == set(cfg.budgets)
     assert {r["n_prompts"] for r in rows} == {cfg.limit}
     assert {r["dtype"] for r in rows} == {getattr(cfg, "dtype", "float32")}
-    if isinstance(cfg, ReplayConfig):
-        assert {r["width"] for r in rows} - {None} == set(cfg.widths)
+    if isinstance(cfg, ReplayConfig):  # widths only for the builders that take one
+        from jetflow.methods import method
+        from jetflow.tree import BUILDERS
+        widths = set(cfg.widths) if any("width" in BUILDERS[method(m).builder].options for m in cfg.methods) else set()
+        assert {r["width"] for r in rows} - {None} == widths
     assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
 
 

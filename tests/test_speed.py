@@ -6,8 +6,8 @@ from jetflow.speed import SpeedConfig, agreement_rows, decode_rows, to_markdown,
 
 
 def fake_runs():
-    """(path, method) -> repeats -> per prompt (tokens, decode tokens, decode seconds, tau)."""
-    run = lambda tokens, secs, tau=1.0: ([1] * tokens, tokens - 1, secs, tau)
+    """(path, method) -> repeats -> per prompt (tokens, decode tokens, decode seconds, tau, draft seconds, rounds)."""
+    run = lambda tokens, secs, tau=1.0: ([1] * tokens, tokens - 1, secs, tau, secs / 4, round((tokens - 1) / tau))
     return {("eager", "ar"): [[run(11, 1.0), run(21, 2.0)], [run(11, 2.0), run(21, 3.0)]],
             ("eager", "jetflow"): [[run(11, 0.5, 2.0), run(21, 1.0, 2.0)], [run(11, 0.5, 2.0), run(21, 2.0, 2.0)]],
             ("compiled", "ar"): [[run(11, 0.5), run(21, 1.0)], [run(11, 1.0), run(21, 1.5)]],
@@ -22,6 +22,9 @@ def test_decode_rows_take_totals_over_prompts_then_medians_over_repeats():
     assert rows[("eager", "jetflow")]["tau"] == 2.0 and rows[("eager", "jetflow")]["budget"] == 16
     assert rows[("compiled", "ar")]["vs_eager_ar"] == pytest.approx(((30 / 1.5) / 10 + (30 / 2.5) / 6) / 2)
     assert rows[("llama.cpp", "ar")]["speedup"] == 1.0 and rows[("llama.cpp", "ar")]["identical_to_ar"] == 2
+    # jetflow's repeats: 1.5 s and 2.5 s over 5 + 10 rounds, a quarter of it drafting
+    assert rows[("eager", "jetflow")]["draft_ms"] == pytest.approx(1e3 * (1.5 + 2.5) / 4 / 2 / 15)
+    assert rows[("eager", "jetflow")]["verify_ms"] == pytest.approx(3 * rows[("eager", "jetflow")]["draft_ms"])
 
 
 @pytest.mark.parametrize("kwargs,message", [({"threads": 0}, "must be >= 1"), ({"verify_sizes": (9, 17)}, "include 1"),
@@ -52,7 +55,10 @@ def test_markdown_renders_every_part():
     rows = [{"kind": "setup", "hardware": "a CPU", "torch": "t", "transformers": "x", "gguf": "g.gguf",
              "llama_cpp": "0.3", "inductor_cache_files_before": 0, "prompts": ["p0", "p1"],
              "config": {**cfg.__dict__}},
-            {"kind": "compile", "size": 1, "seconds": 12.0},
+            {"kind": "compile", "graph": "target", "size": 1, "seconds": 12.0},
+            {"kind": "compile", "graph": "draft:jetflow", "size": None, "seconds": 7.0},
+            *[{"kind": "draft", "method": "jetflow", "path": p, "context": 256, "dtype": "bfloat16", "seconds": s,
+               "max_abs_diff": 0.001, "argmax_differs": 0} for p, s in (("eager", 0.004), ("compiled", 0.002))],
             {"kind": "verify", "path": "eager", "size": 1, "seconds": 0.05, "ar_steps": 1.0},
             {"kind": "verify", "path": "eager", "size": 17, "seconds": 0.09, "ar_steps": 1.8},
             {"kind": "exactness", "method": "jetflow", "identical_to_compiled_ar": 2, "n_prompts": 2},
@@ -62,3 +68,33 @@ def test_markdown_renders_every_part():
     text = to_markdown(rows)
     assert "a CPU" in text and "| llama.cpp | ar |" in text and "90.0 (1.80)" in text
     assert "jetflow 2/2" in text and "first differs at token 40 (top-2 gap 0.01)" in text
+    assert "1 tokens 12 s, draft:jetflow 7 s" in text and "| jetflow | bfloat16 | 4.00 | 2.00 | 0.001 | 0 |" in text
+
+
+def test_profile_rows_split_a_forward_into_its_parts(tiny_target):
+    from jetflow.speed_bounds import profile_rows
+    rows = profile_rows({"eager": tiny_target}, (1, 5), past_len=8, calls=2)
+    assert [(r["path"], r["size"]) for r in rows] == [("eager", 1), ("eager", 5)]
+    for r in rows:  # the tiny target's lm_head has a vocabulary-sized operand, its layers linears and SDPA
+        assert r["lm_head"] > 0 and r["linears"] > 0 and r["attention"] > 0
+        assert r["other"] >= 0  # self times inside the profiled calls never exceed their wall time
+
+
+def test_probe_names_are_checked():
+    with pytest.raises(ValueError, match="unknown probes"):
+        SpeedConfig(probes=("bf16", "nope"))
+
+
+def test_markdown_renders_profile_and_probe_rows():
+    cfg = SpeedConfig(limit=1)
+    verify = [{"kind": "verify", "path": "eager", "size": k, "seconds": s, "ar_steps": s / 0.05}
+              for k, s in ((1, 0.05), (17, 0.09))]
+    rows = [{"kind": "setup", "hardware": "a CPU", "torch": "t", "transformers": "x", "gguf": "g.gguf", "llama_cpp": None,
+             "inductor_cache_files_before": 0, "prompts": ["p0"], "config": {**cfg.__dict__}}, *verify,
+            {"kind": "profile", "path": "compiled", "size": 17, "total_ms": 70.0, "lm_head": 20.0, "linears": 30.0,
+             "attention": 5.0, "other": 15.0},
+            *[{**r, "kind": "probe", "probe": "bf16", "path": "compiled", "dtype": "bfloat16", "cache_len": 512,
+               "freezing": True} for r in verify[:1]]]
+    text = to_markdown(rows)
+    assert "| compiled | 17 | 70.0 | 20.0 | 30.0 | 5.0 | 15.0 |" in text
+    assert "| bf16 | compiled | bfloat16 | 512 | True | 50.0 (1.00) | - |" in text and "llama.cpp not run" in text

@@ -19,3 +19,14 @@ def test_heatmap_grid_and_figure():
     assert depths == [1, 2] and ranks == [0, 1] and z == [[0.1, 0.11], [0.2, None]]
     fig = viz_trees.heatmap_figure(ROWS, "toy").to_dict()
     assert fig["data"][0]["type"] == "heatmap" and fig["layout"]["xaxis"]["title"]["text"] == "rank in the head's row"
+
+
+def test_rows_of_the_corrected_head_are_kept_apart():
+    corrected = [r | {"head": "corrected", "argmax_accept": 0.5} for r in ROWS if r["table"] == "spine"]
+    rows = ROWS + corrected
+    assert viz_trees.spine_series(rows, "toy") == viz_trees.spine_series(ROWS, "toy")
+    assert viz_trees.spine_series(rows, "toy", "corrected")["off_spine"] == ([1, 2], [0.5, 0.5])
+    fig = viz_trees.correction_figure(rows, "toy").to_dict()
+    assert [t["name"] for t in fig["data"]] == ["causal head: on the argmax spine", "causal head: off the spine",
+                                                "path-corrected: on the argmax spine", "path-corrected: off the spine"]
+    assert fig["data"][2]["line"]["dash"] != fig["data"][0]["line"]["dash"]

@@ -1,0 +1,322 @@
+"""Train the path-conditioned correction (``jetflow.correction``) on the regenerated data.
+
+    python -m jetflow train-correction --max-seqs 800 --epochs 30
+
+1. ``features``: per sequence, one frozen target forward for the taps (``Target.sequence_taps``), then the
+   frozen head over ``anchors`` random anchors: its final states (A, D, H), its top-C candidates per depth
+   and the true tokens, stored once in the cache folder (resumable, one shard per ``shard`` sequences).
+2. ``fit``: many cheap epochs of the small module on those features, teacher-forced on the true token
+   at depth d-1 (the parent), cross-entropy against the true token at depth d (d >= 2) under
+   ``corrected_logp``; a held-out slice of sequences (by id) reports the loss and the corrected argmax
+   accuracy on and off the argmax spine after each epoch. Checkpointed per epoch; rerunning resumes.
+3. The module goes beside the head (``correction.safetensors`` + ``correction.json``), loaded with it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .correction import CorrectionConfig, PathCorrection, candidates, corrected_logp
+from .flags import command_line, option
+
+REGEN = "~/.cache/jetflow/regen-smollm2-135m-bfloat16-all-256"
+
+
+@dataclass(frozen=True)
+class CorrectionTrainConfig:
+    """``python -m jetflow train-correction``: features once, then epochs of the small module."""
+    data: str = option(REGEN, "folder of regenerated part-*.jsonl files (or one .jsonl file)")
+    max_seqs: int = option(800, "regenerated sequences to use (first N rows; 0: all)")
+    anchors: int = option(24, "random anchors per sequence")
+    max_response: int = option(192, "anchors come from the first N response tokens (shorter target forwards)")
+    dtype: str = option("bfloat16", "the target's dtype for the taps (the regenerated answers are bf16's)")
+    heldout: float = option(0.05, "share of sequences held out (by a hash of the id)")
+    rank: int = option(128, "inner width of the low-rank MLP")
+    candidates: int = option(32, "C: the head's top-C candidates per depth that are re-scored")
+    epochs: int = option(6, "passes over the training features (the held-out best is kept)")
+    batch_size: int = option(512, "(anchor, depth) examples per step")
+    lr: float = option(2e-3, "peak AdamW learning rate (cosine to 0)")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    seed: int = option(0, "anchors, data order and init")
+    out: str | None = option(None, "head folder to write correction.safetensors into (default: the shipped causal head)")
+    cache: str | None = option(None, "features and checkpoint folder (default: the jetflow cache)")
+    data_dir: str | None = option(None, "offline data folder, to leave out the profile's held-out prompts")
+
+
+def _hash01(text: str) -> float:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 16 ** 8
+
+
+def training_rows(cfg: CorrectionTrainConfig) -> list[dict]:
+    """The regenerated rows used, minus the held-out training prompts of the acceptance profile
+    (``profile.heldout_prompts``: the diagnosis reads them, so the correction never trains on them)."""
+    from .data import load_regenerated
+    from .profile import heldout_prompts
+    folder = Path(cfg.data).expanduser()
+    files = sorted(folder.glob("part-*.jsonl")) if folder.is_dir() else [folder]
+    if not files or not all(f.is_file() for f in files):
+        raise ValueError(f"no regenerated data at {cfg.data} (expected part-*.jsonl files or a .jsonl file)")
+    unseen = {p["id"] for p in heldout_prompts(48, data_dir=cfg.data_dir)}
+    rows = [r for f in files for r in load_regenerated(f) if r["id"] not in unseen and len(r["response_ids"]) > 2]
+    return rows[:cfg.max_seqs] if cfg.max_seqs else rows
+
+
+@torch.no_grad()
+def sequence_features(proposer, row: dict, n_anchors: int, c: int, generator: torch.Generator,
+                      max_response: int = 10 ** 9) -> dict:
+    """One sequence's features: hidden (A, D, H) bf16, cand_logp (A, D, C), cand_col (A, D, C) draft
+    columns, truth (A, D) token ids (-1 past the end), truth_logp (A, D) the head's log-prob of the truth
+    (-inf outside the draft vocabulary), truth_pos (A, D) its index among the candidates (-1: not one)."""
+    from .train import sample_anchors
+    head, target = proposer.head, proposer.target
+    ids = torch.tensor(row["prompt_ids"] + row["response_ids"][:max_response + head.config.block_size])
+    p, s, depths = len(row["prompt_ids"]), ids.numel(), head.config.block_size - 1
+    anchors = sample_anchors(p, min(s - 1, p + max_response), n_anchors, generator)  # each has depths 1 and 2
+    _, taps = target.sequence_taps(ids.to(target.device), proposer.taps, logits=False)
+    hidden = head.sequence_blocks(taps.to(head.fc.weight.device), head.block_inputs(ids[anchors], proposer.embed),
+                                  anchors).float().cpu()                                  # (A, D, H)
+    logp = proposer.logp(hidden.to(proposer.out.dtype)).cpu()                             # (A, D, K)
+    cand_logp, cand_col = candidates(logp, c)
+    pos = anchors[:, None] + torch.arange(1, depths + 1)                                  # (A, D)
+    truth = torch.where(pos < s, ids[pos.clamp(max=s - 1)], -1)
+    col = _columns(proposer, logp.shape[-1])[truth.clamp(min=0)]                         # (A, D), -1: outside
+    truth_logp = torch.where((col >= 0) & (truth >= 0), logp.gather(-1, col.clamp(min=0)[..., None])[..., 0],
+                             float("-inf"))
+    hit = cand_col == col[..., None]
+    truth_pos = torch.where(hit.any(-1) & (truth >= 0), hit.float().argmax(-1), -1)
+    return {"hidden": hidden.bfloat16(), "cand_logp": cand_logp, "cand_col": cand_col.int(), "truth": truth,
+            "truth_logp": truth_logp, "truth_pos": truth_pos}
+
+
+def _columns(proposer, k: int) -> torch.Tensor:
+    """(V,) token id -> draft column, -1 for a token outside the draft vocabulary."""
+    v = proposer.embed.shape[0]
+    if proposer.vocab is None:
+        return torch.arange(v)
+    out = torch.full((v,), -1, dtype=torch.long)
+    out[proposer.vocab] = torch.arange(k)
+    return out
+
+
+def features(cfg: CorrectionTrainConfig, proposer, rows: list[dict], folder: Path, progress: bool = True,
+             shard: int = 64) -> dict:
+    """Every row's features (``sequence_features``) concatenated, plus ``seq`` (N,) the row index and
+    ``heldout`` (N,) bool; computed once into ``folder`` (shards of ``shard`` rows, resumable)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = []
+    with tqdm(total=len(rows), desc="features", disable=not progress) as bar:
+        for start in range(0, len(rows), shard):
+            path = folder / f"shard-{start // shard:05d}-{shard}.pt"
+            chunk = rows[start:start + shard]
+            if path.is_file() and torch.load(path)["ids"] == [r["id"] for r in chunk]:
+                parts.append(torch.load(path))
+                bar.update(len(chunk))
+                continue
+            feats = []
+            for i, row in enumerate(chunk):
+                g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + start + i)
+                feats.append(sequence_features(proposer, row, cfg.anchors, cfg.candidates, g, cfg.max_response))
+                bar.update(1)
+            part = {k: torch.cat([f[k] for f in feats]) for k in feats[0]}
+            part["seq"] = torch.cat([torch.full((f["truth"].shape[0],), start + i) for i, f in enumerate(feats)])
+            part["ids"] = [r["id"] for r in chunk]
+            torch.save(part, path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").rename(path)
+            parts.append(part)
+    out = {k: torch.cat([p[k] for p in parts]) for k in parts[0] if k != "ids"}
+    held = torch.tensor([_hash01(r["id"]) < cfg.heldout for r in rows])
+    out["heldout"] = held[out["seq"]]
+    return out
+
+
+def examples(feats: dict, mask: torch.Tensor) -> torch.Tensor:
+    """(E, 2) long (anchor, depth index d-1) of every trainable example: d >= 2, the truth known and in the
+    draft vocabulary, anchors where ``mask`` (A,) holds."""
+    ok = (feats["truth"] >= 0) & torch.isfinite(feats["truth_logp"]) & mask[:, None]
+    ok[:, 0] = False
+    return ok.nonzero()
+
+
+def batch_logp(module: PathCorrection, feats: dict, ex: torch.Tensor, out: torch.Tensor, embed: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Corrected candidate log-probs (E, C) of examples ``ex`` with the true parent, and the truth's
+    corrected log-prob (E,) (a non-candidate truth keeps its head logit)."""
+    a, d = ex[:, 0], ex[:, 1]
+    h = feats["hidden"][a, d].float()                                         # (E, H)
+    parent = embed[feats["truth"][a, d - 1]].float()                          # (E, H)
+    rows = out[feats["cand_col"][a, d].long()]                                # (E, C, H)
+    shift = (rows @ module(h, parent)[:, :, None])[..., 0]                    # (E, C)
+    lp = corrected_logp(feats["cand_logp"][a, d], shift)
+    pos = feats["truth_pos"][a, d]
+    z = (feats["cand_logp"][a, d] + shift - lp)[:, 0]                         # the normaliser
+    truth = torch.where(pos >= 0, lp.gather(1, pos.clamp(min=0)[:, None])[:, 0], feats["truth_logp"][a, d] - z)
+    return lp, truth
+
+
+@torch.no_grad()
+def evaluate(module: PathCorrection, feats: dict, ex: torch.Tensor, out, embed, batch: int = 1024) -> dict:
+    """Held-out loss and argmax accuracy, corrected and not, split by whether the parent (the true token
+    at depth d-1) is the head's argmax there (spine) or not (off)."""
+    sums = {k: 0.0 for k in ("loss", "n", "spine_n", "off_n", "spine_head", "off_head", "spine_corr", "off_corr")}
+    ex = ex[feats["truth_pos"][ex[:, 0], ex[:, 1] - 1] >= 0]  # the parent is a candidate: a node a tree can hold
+    for part in ex.split(batch):
+        lp, truth = batch_logp(module, feats, part, out, embed)
+        a, d = part[:, 0], part[:, 1]
+        on = feats["truth_pos"][a, d - 1] == 0
+        right = feats["truth_pos"][a, d]
+        head_ok, corr_ok = right == 0, (right >= 0) & (lp.argmax(-1) == right)
+        sums["loss"] -= float(truth.sum()); sums["n"] += part.shape[0]
+        for key, sel in (("spine", on), ("off", ~on)):
+            sums[f"{key}_n"] += int(sel.sum())
+            sums[f"{key}_head"] += int((head_ok & sel).sum()); sums[f"{key}_corr"] += int((corr_ok & sel).sum())
+    n = max(sums["n"], 1)
+    return {"loss": sums["loss"] / n, "examples": int(sums["n"]),
+            **{f"{k}_{w}_acc": sums[f"{k}_{w}"] / max(sums[f"{k}_n"], 1) for k in ("spine", "off") for w in ("head", "corr")}}
+
+
+def fit(cfg: CorrectionTrainConfig, feats: dict, out: torch.Tensor, embed: torch.Tensor, ckpt: Path,
+        progress: bool = True) -> tuple[PathCorrection, list[dict]]:
+    """AdamW on the training examples for ``cfg.epochs`` epochs (cosine schedule), the held-out slice
+    evaluated after each; returns the module of the epoch with the least held-out loss. ``ckpt`` (module,
+    optimiser, history, that best state) is rewritten per epoch and resumed from."""
+    torch.manual_seed(cfg.seed)
+    module = PathCorrection(CorrectionConfig(out.shape[1], cfg.rank, cfg.candidates))
+    opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    train_ex, held_ex = examples(feats, ~feats["heldout"]), examples(feats, feats["heldout"])
+    steps = math.ceil(len(train_ex) / cfg.batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * min(i / (cfg.epochs * steps), 1))))
+    history = [{"epoch": 0, **evaluate(module, feats, held_ex, out, embed)}]
+    best = {k: v.clone() for k, v in module.state_dict().items()}  # the epoch of least held-out loss so far
+    if ckpt.is_file():
+        state = torch.load(ckpt)
+        module.load_state_dict(state["module"]); opt.load_state_dict(state["opt"]); sched.load_state_dict(state["sched"])
+        history, best = state["history"], state["best"]
+    bar = tqdm(total=cfg.epochs * steps, initial=(len(history) - 1) * steps, desc="train-correction", disable=not progress)
+    for epoch in range(len(history), cfg.epochs + 1):
+        order = train_ex[torch.randperm(len(train_ex), generator=torch.Generator().manual_seed(cfg.seed + epoch))]
+        total = 0.0
+        for part in order.split(cfg.batch_size):
+            _, truth = batch_logp(module, feats, part, out, embed)
+            loss = -truth.mean()  # the truth's corrected log-prob, under its true parent
+            opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+            total += loss.item() * part.shape[0]
+            bar.update(1)
+        history.append({"epoch": epoch, "train_loss": total / len(train_ex), **evaluate(module, feats, held_ex, out, embed)})
+        bar.set_postfix(held=f"{history[-1]['loss']:.3f}", off=f"{history[-1]['off_corr_acc']:.3f}")
+        if history[-1]["loss"] <= min(h["loss"] for h in history):
+            best = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        torch.save({"module": module.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                    "history": history, "best": best}, ckpt.with_suffix(".tmp"))
+        ckpt.with_suffix(".tmp").rename(ckpt)
+    bar.close()
+    module.load_state_dict(best)  # few sequences overfit in a few epochs: keep the held-out best
+    return module.eval(), history
+
+
+def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
+    """Features (cached), epochs, then ``correction.safetensors`` + ``correction.json`` in the head folder
+    with the command, the data, the held-out history and no machine-local path."""
+    from .data import cache_dir, portable_path
+    from .proposers import make_proposer, shipped_head_dir
+    from .target import load_target
+    head_dir = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
+    rows = training_rows(cfg)
+    target = load_target(None, dtype=cfg.dtype)
+    proposer = make_proposer("jetflow", target, head=str(head_dir), draft_dtype=torch.float32)
+    tag = f"{head_dir.name}-{cfg.dtype}-c{cfg.candidates}-a{cfg.anchors}-r{cfg.max_response}-s{cfg.seed}"
+    work = Path(cfg.cache).expanduser() if cfg.cache else cache_dir() / "correction" / tag
+    feats = features(cfg, proposer, rows, work / "features", progress)
+    run = hashlib.sha256(json.dumps(asdict(cfg) | {"out": None, "cache": None}, sort_keys=True).encode()).hexdigest()[:12]
+    module, history = fit(cfg, feats, proposer.out.float(), proposer.embed.float(), work / f"fit-{run}.pt", progress)
+    provenance = {"command": command_line(cfg, CorrectionTrainConfig(), ["python", "-m", "jetflow", "train-correction"],
+                                          skip=("out", "cache", "data_dir"), always=("max_seqs", "epochs")),
+                  "data": portable_path(Path(cfg.data).expanduser()), "sequences": len(rows),
+                  "sequence_ids_sha256": hashlib.sha256("\n".join(r["id"] for r in rows).encode()).hexdigest(),
+                  "anchors": int(feats["truth"].shape[0]), "heldout_anchors": int(feats["heldout"].sum()),
+                  "head": head_dir.name, "features": f"{cfg.dtype} target taps, fp32 head",
+                  "kept_epoch": min(history, key=lambda h: h["loss"])["epoch"], "history": history}
+    return module.save(head_dir, provenance)
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """``python -m jetflow correction-cost``: what the path correction adds to a round, beside a verify pass."""
+    prompts: int = option(3, "first N GSM8K prompts (each prefilled once; every timing at its answer's start)")
+    budgets: tuple[int, ...] = option((16, 64, 255), "comma list")
+    reps: int = option(20, "repetitions of each timed step (the median is kept)")
+    dtype: str = option("bfloat16", "target dtype (the head drafts in the machine's fast dtype)")
+    data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
+
+
+def _median_ms(fn, reps: int) -> float:
+    import time
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
+@torch.no_grad()
+def correction_cost(cfg: CostConfig) -> list[dict]:
+    """Per budget, median ms of the head pass, the path table, ``path_prefix`` against ``best_prefix`` on the
+    same log-probs, and one verify pass of the built tree; the correction's cost is the table plus the
+    builder's difference, also as a fraction of the verify pass. All timed in one process, interleaved."""
+    from .data import load_prompts
+    from .decode import verify_step
+    from .target import keep_path
+    from .proposers import make_proposer
+    from .provenance import environment
+    from .target import load_target
+    from .tree import best_prefix, path_prefix
+    target = load_target(None, dtype=cfg.dtype)
+    proposer = make_proposer("jetflow-pc", target)
+    if proposer.correction is None:
+        raise ValueError("no correction.safetensors beside the causal head; train one with python -m jetflow train-correction")
+    rows, env = [], environment(target)
+    for p in load_prompts("gsm8k", limit=cfg.prompts, data_dir=cfg.data_dir):
+        ids = target.encode(p["prompt"])
+        cache = target.new_cache()
+        step = target.forward(ids, cache, taps=proposer.taps)
+        state, anchor = proposer.start(ids), int(step.logits[-1].argmax())
+        hidden = proposer.depth_hidden(state, ids.tolist() + [anchor], step.taps)
+        logp = proposer.logp(hidden)
+        paths = proposer.paths(hidden, logp)
+        past = cache.get_seq_length()
+        for b in cfg.budgets:
+            tree = path_prefix(logp, b, anchor, paths)
+            tree = type(tree)(tree.tokens.clone(), tree.parents, tree.depth, tree.score)
+            tree.tokens[1:] = proposer.vocab[tree.tokens[1:]] if proposer.vocab is not None else tree.tokens[1:]
+
+            def verify():
+                verify_step(target, tree, cache, proposer.taps)
+                keep_path(cache, past, [])  # back to the prefix for the next repetition
+            ms = {"head_ms": _median_ms(lambda: proposer.head.draft_block(state.head, anchor, proposer.embed), cfg.reps),
+                  "table_ms": _median_ms(lambda: proposer.paths(hidden, logp), cfg.reps),
+                  "build_pc_ms": _median_ms(lambda: path_prefix(logp, b, anchor, paths), cfg.reps),
+                  "build_bp_ms": _median_ms(lambda: best_prefix(logp, b, anchor), cfg.reps),
+                  "verify_ms": _median_ms(verify, max(3, cfg.reps // 4))}
+            ms["correction_ms"] = ms["table_ms"] + ms["build_pc_ms"] - ms["build_bp_ms"]
+            rows.append({"prompt": p["id"], "budget": b, **ms, "correction_over_verify": ms["correction_ms"] / ms["verify_ms"],
+                         **env})
+    return rows
+
+
+def cost_markdown(rows: list[dict]) -> str:
+    """Median over prompts of each step's ms per budget, and the correction's share of a verify pass."""
+    keys = ("head_ms", "table_ms", "build_bp_ms", "build_pc_ms", "correction_ms", "verify_ms", "correction_over_verify")
+    lines = ["| budget | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for b in sorted({r["budget"] for r in rows}):
+        mine = [r for r in rows if r["budget"] == b]
+        med = {k: sorted(r[k] for r in mine)[len(mine) // 2] for k in keys}
+        lines.append(f"| {b} | " + " | ".join(f"{med[k]:.3f}" if k == keys[-1] else f"{med[k]:.2f}" for k in keys) + " |")
+    hw = rows[0]["hardware"] if rows else ""
+    return "\n".join(lines) + (f"\n\nms per round step, median over {len({r['prompt'] for r in rows})} GSM8K prompts "
+                               f"(each step the median of its repetitions), one process; {hw}\n")
