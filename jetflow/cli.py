@@ -283,7 +283,7 @@ def cmd_taps(args) -> int:
 
 
 def add_taps(sub) -> None:
-    t = sub.add_parser("taps", help="cache the target's taps of regenerated data (resumable)")
+    t = sub.add_parser("taps", help="cache the target's taps of regenerated data")
     add_flags(t, TapsConfig)
     t.set_defaults(func=cmd_taps)
 
@@ -306,12 +306,12 @@ def cmd_unpack(args) -> int:
 
 
 def add_pack(sub) -> None:
-    p = sub.add_parser("pack", help="pack regenerated ids compactly to publish (+ provenance)")
+    p = sub.add_parser("pack", help="pack regenerated ids to publish, with provenance")
     p.add_argument("--data", required=True, help="regenerated JSONL or a chunked folder")
     p.add_argument("--parts", type=int, default=0, help="with a chunked folder: its first K parts (0: all)")
     p.add_argument("--out", required=True, help="folder for the .npz files and provenance.json")
     p.set_defaults(func=cmd_pack)
-    u = sub.add_parser("unpack", help="turn packed ids back into the JSONL files (sha256 checked)")
+    u = sub.add_parser("unpack", help="packed ids back to JSONL (sha256 checked)")
     u.add_argument("--packed", required=True, help="a folder written by `jetflow pack`")
     u.add_argument("--out", required=True, help="folder for the JSONL files")
     u.set_defaults(func=cmd_unpack)

@@ -71,3 +71,16 @@ def test_header_links_to_notebooks_that_exist(path):
                                          ("dtype=torch.bfloat16", ["bfloat16"]), ("print(r['tau'])", [])])
 def test_machine_dependent_names_are_found(text, found):
     assert [n for n in MACHINE_DEPENDENT if re.search(rf"\b{re.escape(n)}\b", text)] == found
+
+
+def test_notebook_04_ships_the_ar_answers_it_replays():
+    """04's full mode replays the first 20 GSM8K prompts at 256 tokens from these AR answers (its cell checks
+    each with a teacher-forced pass); they must be 20 whole traces of those prompts, in order."""
+    from jetflow import jsonl, replay
+
+    path = NOTEBOOKS[0].parent / "data" / "ar-smollm2-135m-gsm8k-20x256.jsonl"
+    assert any("notebooks\" / \"data\"" in source(c) and "x{MAX_NEW}.jsonl" in source(c)
+               for c in cells(NOTEBOOKS[0].parent / "04_reproduce_speedup_tables.ipynb"))
+    traces = [replay.Trace(**row) for row in jsonl.read(path, repair=False)]
+    assert [(t.dataset, t.id, t.max_new_tokens) for t in traces] == [("gsm8k", f"gsm8k:{i}", 256) for i in range(20)]
+    assert all(0 < len(t.tokens) <= 256 and t.prompt_ids for t in traces)
