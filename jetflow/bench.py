@@ -193,7 +193,11 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
                     book.record(ds, i, ids_of[ds][i], {names[k]: (prints[k], runs[ds, k][-1]) for k in todo},
                                 shas[ds][i])
     bar.close()
-    return _rows(target, cfgs, prompts_by_dataset, runs)
+    rows = _rows(target, cfgs, prompts_by_dataset, runs)
+    if temperature > 0:  # what the sampled tokens depend on: prompt i of every dataset sampled with seed i
+        for row in rows:
+            row.update(temperature=temperature, seeds=list(range(row["n_prompts"])))
+    return rows
 
 
 def _rows(target: Target, cfgs: Sequence[Variant], prompts_by_dataset: Mapping[str, Sequence[dict]],
@@ -271,7 +275,8 @@ class BenchConfig:
                                       "them too for comparison)", parse=comma_list)
     auto: bool | str = False      # True: each tree method at its predicted best budget; "compare": and every budget
     heads: dict = field(default_factory=dict)  # head kind -> directory or hub id; empty: the shipped heads
-    temperature: float = 0.0
+    temperature: float = option(0.0, "sampling temperature, 0 = greedy; above 0 sample-and-match, prompt i "
+                                "sampled with seed i (rows record both)")
     chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {"enable_thinking": False} for Qwen3
     prompts_file: str | None = option(None, 'JSONL of {"id", "prompt"} per line (instead of --datasets)')
     data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")

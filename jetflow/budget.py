@@ -12,20 +12,28 @@ the head.
     cost = measure_verify_cost(target)                        # {1: 0.055, 16: 0.086, ...} seconds
     cal = calibrate(target, "lookup", prompts, [16, 32, 64])  # tau and draft seconds per budget
     best, table = pick_budget(cal.tau, cost, draft_s=cal.draft_s)
+
+The same curve in AR steps, plus one draft pass, saved beside the causal head (``CostCurve``,
+``python -m jetflow cost --out data/heads/smollm2-135m-jetflow``), is what the per-round stop rule
+(``tree.calibrated_stop``, the ``jetflow-stop`` method) weighs each next node against.
 """
 from __future__ import annotations
 
 import bisect
+import functools
+import json
 import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from . import metrics
 from .decode import generate, verify_step
+from .flags import option
 from .proposers import make_proposer
 from .target import Target, keep_path
 from .tree import Tree, accum_logp
@@ -164,3 +172,101 @@ def auto_budget(target: Target, method: str, prompts, *, budgets: Sequence[int] 
     cal = calibrate(target, method, prompts, budgets, max_new_tokens, temperature=temperature, head=head)
     best, table = pick_budget(cal.tau, cost, draft_s=cal.draft_s)
     return best, next(row["predicted_tokens_per_s"] for row in table if row["budget"] == best)
+
+
+# ----------------------------------------------------------------------------- the committed cost curve
+COST_FILE = "verify_cost.json"  # beside the causal head: the round-cost curve the per-round stop rule reads
+COST_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # verified tokens, root included
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """A measured round cost in AR steps (one-token verifies): ``ar_steps`` maps k verified tokens (root
+    included) to the verify forward's cost, ``draft`` is one head pass. ``round_costs`` is what the
+    ``calibrated_stop`` builder reads."""
+    ar_steps: dict[int, float]
+    draft: float = 0.0
+
+    def __post_init__(self):
+        if 1 not in self.ar_steps or self.draft < 0:
+            raise ValueError(f"a cost curve needs size 1 and a draft cost >= 0, got sizes {sorted(self.ar_steps)} "
+                             f"and draft {self.draft}")
+
+    def round_cost(self, size: int) -> float:
+        """AR steps of a round that verifies ``size`` tokens: the draft pass plus the verify forward."""
+        return self.draft + interp_cost(self.ar_steps, size)
+
+    @functools.lru_cache(maxsize=8)
+    def round_costs(self, n: int) -> tuple[float, ...]:
+        """Entry k (1 <= k <= n): ``round_cost(k)``; entry 0 is unused (0.0)."""
+        return (0.0, *(self.round_cost(k) for k in range(1, n + 1)))
+
+    __hash__ = object.__hash__  # one curve per proposer: cached by identity
+
+    def predicted_speedup(self, sizes: Sequence[int], committed: Sequence[int]) -> float | None:
+        """Predicted decode speed over AR of rounds that verified ``sizes`` tokens and committed ``committed``:
+        tokens per AR step (an AR round verifies 1 token, commits 1, and drafts nothing)."""
+        cost = sum(self.round_cost(k) for k in sizes)
+        return sum(committed) / cost * interp_cost(self.ar_steps, 1) if cost else None
+
+
+def save_cost(curve: CostCurve, folder: str | Path, **about) -> Path:
+    """Write ``COST_FILE`` under ``folder`` with the measurement's settings (``about``)."""
+    path = Path(folder) / COST_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"ar_steps": {str(k): v for k, v in sorted(curve.ar_steps.items())}, "draft": curve.draft, **about}
+    path.write_text(json.dumps(body, indent=2) + "\n")
+    return path
+
+
+def load_cost(folder: str | Path | None) -> CostCurve | None:
+    """The cost curve saved in ``folder`` (a head directory), None when it has none."""
+    path = Path(folder) / COST_FILE if folder else None
+    if path is None or not path.is_file():
+        return None
+    body = json.loads(path.read_text())
+    try:
+        return CostCurve({int(k): float(v) for k, v in body["ar_steps"].items()}, float(body["draft"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path} is not a cost curve ({err}); measure it again with python -m jetflow cost") from None
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """``python -m jetflow cost``: the round-cost curve of this machine, saved beside the causal head."""
+    out: str = option(None, "folder to save verify_cost.json in (e.g. data/heads/smollm2-135m-jetflow)")
+    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
+    dtype: str = option("float32", "the target's dtype")
+    sizes: tuple[int, ...] = option(COST_SIZES, "verified tokens (root included), comma list")
+    past_len: int = option(256, "cached prefix under every verify")
+    repeats: int = option(5, "interleaved sweeps of the curve (medians)")
+    draft_method: str = option("jetflow-bp", "head method whose draft pass is timed against AR steps")
+
+    def __post_init__(self):
+        sizes = self.sizes.split(",") if isinstance(self.sizes, str) else self.sizes
+        object.__setattr__(self, "sizes", tuple(int(s) for s in sizes if str(s).strip()))
+        if not self.out:
+            raise ValueError("--out is required: the head folder to save the cost curve in")
+
+
+DRAFT_PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. " \
+               "How many clips did Natalia sell altogether in April and May?"
+
+
+@torch.no_grad()
+def measure_cost(cfg: CostConfig) -> Path:
+    """Measure the verify curve (``measure_verify_cost``, relative to its one-token step) and one draft pass
+    (median draft seconds of ``draft_method``'s rounds over the median AR step of the same prompt, both
+    decoded here), save both beside the head."""
+    from . import hardware
+    from .target import load_target
+    target = load_target(cfg.model, dtype=cfg.dtype)
+    seconds = measure_verify_cost(target, cfg.sizes, past_len=cfg.past_len, repeats=cfg.repeats)
+    proposer = make_proposer(cfg.draft_method, target, draft_dtype=target.dtype)
+    ar = generate(target, DRAFT_PROMPT, None, max_new_tokens=64)
+    spec = generate(target, DRAFT_PROMPT, proposer, budget=16, max_new_tokens=64)
+    draft = statistics.median(r.draft_s for r in spec.rounds) / statistics.median(r.verify_s for r in ar.rounds)
+    curve = CostCurve(relative(seconds), draft)
+    return save_cost(curve, cfg.out, seconds=[[k, s] for k, s in sorted(seconds.items())],
+                     dtype=cfg.dtype, past_len=cfg.past_len, repeats=cfg.repeats, draft_method=cfg.draft_method,
+                     hardware=hardware.describe(), command=f"python -m jetflow cost --out {cfg.out} --dtype {cfg.dtype}")

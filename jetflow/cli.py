@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|pack|unpack|taps|train|bench|replay|profile|train-correction|correction-cost|diagnose|speed|throughput|report|results``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|pack|unpack|taps|train|bench|replay|profile|train-correction|correction-cost|diagnose|cost|speed|throughput|report|results``.
 
 The flags of ``regenerate``, ``taps``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
@@ -459,6 +459,19 @@ def add_diagnose(sub) -> None:
     d.set_defaults(func=cmd_diagnose)
 
 
+def cmd_cost(args) -> int:
+    from .budget import CostConfig, measure_cost
+    print(f"wrote {measure_cost(CostConfig(**given(args, CostConfig)))}")
+    return 0
+
+
+def add_cost(sub) -> None:
+    from .budget import CostConfig
+    c = sub.add_parser("cost", help="the round-cost curve in AR steps, beside a head")
+    add_flags(c, CostConfig)
+    c.set_defaults(func=cmd_cost)
+
+
 # ----------------------------------------------------------------------------- results
 def cmd_report(args) -> int:
     from . import report
@@ -547,7 +560,7 @@ def add_speed(sub) -> None:
 
 
 SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_pack, add_taps, add_train, add_bench, add_replay, add_profile,
-               add_train_correction, add_correction_cost, add_diagnose, add_speed, add_throughput, add_report,
+               add_train_correction, add_correction_cost, add_diagnose, add_cost, add_speed, add_throughput, add_report,
                add_results, add_gpu_check]
 
 

@@ -131,3 +131,13 @@ def describe() -> str:
     """One line per method, ``name: description`` (marked when beyond the paper), for docstrings."""
     return "\n".join(f"- ``{m.name}``: {m.description}" + (" (beyond the paper)" if m.beyond_paper else "")
                      for m in _REGISTRY)
+
+# per-round budget (issue 19, item 4): the calibrated tree cut where one more node costs more than it earns
+_REGISTRY += (
+    Method("jetflow-stop", "causal head + calibrated_stop: jetflow-cal's tree, grown while the next node's measured "
+           "acceptance pays for its marginal verify cost (verify_cost.json), the budget a cap", head="jetflow",
+           builder="calibrated_stop", beyond_paper=True),
+    Method("jetflow-stop+lookup", "jetflow-stop's tree with prompt-lookup branches merged in", head="jetflow",
+           builder="calibrated_stop", lookup_merged=True, beyond_paper=True),
+)
+METHODS.update({m.name: m for m in _REGISTRY[-2:]})

@@ -153,6 +153,7 @@ class HeadProposer:
     width: int = 7
     profile: AcceptanceProfile | None = None
     correction: PathCorrection | None = None
+    cost: object | None = None  # budget.CostCurve saved beside the head, for the builders that take one
     embed: torch.Tensor = field(init=False, repr=False)   # (V, H) the target's embedding, head dtype
     out: torch.Tensor = field(init=False, repr=False)     # (K, H) its lm_head rows of the draft vocabulary
     vocab: torch.Tensor | None = field(init=False, repr=False)  # (K,) draft columns -> token ids, on CPU
@@ -204,7 +205,8 @@ class HeadProposer:
         hidden = self.depth_hidden(state, tokens, new_taps)
         logp = self.logp(hidden)
         paths = self.paths(hidden, logp) if "paths" in BUILDERS[self.builder].options else None
-        build = tree_builder(self.builder, width=self.width, profile=self.profile, paths=paths)
+        build = tree_builder(self.builder, width=self.width, profile=self.profile, paths=paths,
+                             cost=self.cost)
         tree = build(logp, budget, tokens[-1])
         if self.vocab is None:
             return tree
@@ -286,8 +288,9 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
     draft = draft.to(target.device)
     check_compatible(draft.config, target.config)
+    from .budget import load_cost
     from .profile import load_profile
     correction = load_correction(path)
     proposer = HeadProposer(draft, target, m.builder, width, load_profile(path),
-                            None if correction is None else correction.to(target.device))
+                            None if correction is None else correction.to(target.device), load_cost(path))
     return LookupMerged(proposer) if m.lookup_merged else proposer

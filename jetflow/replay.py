@@ -35,7 +35,8 @@ from .data import DATASETS
 from .decode import Round, generate
 from .flags import comma_list, option
 from .metrics import round_stats
-from .proposers import HeadProposer, LookupMerged, make_proposer
+from .budget import CostCurve, load_cost
+from .proposers import HeadProposer, LookupMerged, make_proposer, shipped_head_dir
 from .provenance import environment
 from .report import REPLAY_NOTE, write_rows
 from .report import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
@@ -191,6 +192,7 @@ def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Seque
     if not budgets or any(b < 1 for b in budgets):
         raise ValueError(f"budgets must be >= 1, got {list(budgets)}")
     rows, env = [], environment(target)
+    cost = load_cost((heads or {}).get("jetflow") or shipped_head_dir("jetflow"))  # the target's, on this CPU
     setup = {"draft_dtype": str(draft_dtype).removeprefix("torch."), "note": REPLAY_NOTE, **env}
     k = max(max(budgets), max(widths))
     for kind in dict.fromkeys(registry.method(m).head for m in methods):
@@ -202,13 +204,17 @@ def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Seque
             tables = [draft_table(proposer, t, k, paths=with_paths) for t in
                       tqdm(traces, desc=f"draft {kind} {ds}", disable=not progress, leave=False)]
             rows += [row | setup for m in mine
-                     for row in method_rows(m, ds, traces, tables, budgets, widths, target.eos_ids, proposer)]
+                     for row in method_rows(m, ds, traces, tables, budgets, widths, target.eos_ids, proposer,
+                                                   cost)]
     return rows
 
 
 def method_rows(method: str, dataset: str, traces: Sequence[Trace], tables: Sequence[DraftTable],
-                budgets: Sequence[int], widths: Sequence[int], eos_ids, proposer: HeadProposer) -> list[dict]:
-    """One head method's rows on one dataset: every width its builder takes x every budget (no timing)."""
+                budgets: Sequence[int], widths: Sequence[int], eos_ids, proposer: HeadProposer,
+                cost: CostCurve | None = None) -> list[dict]:
+    """One head method's rows on one dataset: every width its builder takes x every budget (no timing).
+    With a round-cost ``cost`` curve, each row also predicts its decode speed over AR from its rounds'
+    sizes (``predicted_speedup``); ``nodes`` is the mean draft nodes per round, ``tau_per_node`` tau over it."""
     entry = registry.method(method)
     lookup = LookupMerged(proposer) if entry.lookup_merged else None
     paths = "paths" in BUILDERS[entry.builder].options
@@ -217,12 +223,17 @@ def method_rows(method: str, dataset: str, traces: Sequence[Trace], tables: Sequ
                          "train one with python -m jetflow train-correction)")
     rows = []
     for w in (widths if "width" in BUILDERS[entry.builder].options else (None,)):
-        build = tree_builder(entry.builder, width=w, profile=proposer.profile)
+        build = tree_builder(entry.builder, width=w, profile=proposer.profile, cost=proposer.cost)
         for b in budgets:
             rounds = [r for t, tab in zip(traces, tables) for r in walk(tab, t, build, b, eos_ids, lookup, paths)]
+            stats = round_stats(rounds)
+            nodes = stats["verify_tokens"] - 1 if stats["verify_tokens"] else None
+            pred = cost.predicted_speedup([len(r.tree) for r in rounds], [len(r.committed) for r in rounds]) \
+                if cost is not None else None
             rows.append({"method": method, "dataset": dataset, "budget": b, "width": w, "builder": entry.builder,
-                         "n_prompts": len(traces), "new_tokens": sum(len(t.tokens) for t in traces),
-                         **round_stats(rounds)})
+                         "n_prompts": len(traces), "new_tokens": sum(len(t.tokens) for t in traces), **stats,
+                         "nodes": nodes, "tau_per_node": stats["tau"] / nodes if nodes else None,
+                         "predicted_speedup": pred})
     return rows
 
 

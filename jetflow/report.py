@@ -99,19 +99,69 @@ def replay_tau(results: Path, name: str = "cpu-replay-tau",
 
 
 def trees_vs_ddtree(results: Path, name: str = "cpu-replay-trees", baseline: str = "ddtree") -> str:
-    """Replayed tau of every causal-head builder beside DDTree's, one line per dataset and budget, and the
-    best causal-head tau over DDTree's (JetFlow at width 7, the builders that take a width too)."""
+    """Replayed tau of every causal-head builder beside DDTree's, one line per dataset and budget, each cell
+    with its ratio to DDTree's tau, and the best causal-head method (JetFlow at width 7, the builders that
+    take a width too; ``dflash``, the bidirectional chain, is shown but not ranked)."""
     rows = [r for r in load(results, name) if r.get("width") in (None, 7)]
     methods = [m for m in _methods(rows) if m != baseline]
+    ranked = [m for m in methods if m.startswith("jetflow")]
+    methods = ranked + [m for m in methods if m not in ranked]
     body = []
     for ds in dict.fromkeys(r["dataset"] for r in rows):
         for b in sorted({r["budget"] for r in rows}):
             tau = {r["method"]: r["tau"] for r in rows if r["dataset"] == ds and r["budget"] == b}
-            best = max(methods, key=lambda m: tau.get(m, 0.0))
-            ratio = f"{tau[best] / tau[baseline]:.3f}x ({best})" if baseline in tau else "-"
-            body.append([DATASET_NAMES.get(ds, ds), str(b), f"{tau[baseline]:.2f}" if baseline in tau else "-",
-                         *(f"{tau[m]:.2f}" if m in tau else "-" for m in methods), ratio])
+            base = tau.get(baseline)
+            best = max(ranked, key=lambda m: tau.get(m, 0.0))
+            ratio = f"{tau[best] / base:.3f}x ({best})" if base else "-"
+            body.append([DATASET_NAMES.get(ds, ds), str(b), f"{base:.2f}" if base else "-",
+                         *(_vs(tau.get(m), base) for m in methods), ratio])
     return _md(["dataset", "budget", baseline, *methods, f"best / {baseline}"], body)
+
+
+def _vs(tau: float | None, base: float | None) -> str:
+    """``tau (ratio to base)``; '-' without a tau."""
+    if tau is None:
+        return "-"
+    return f"{tau:.2f} ({tau / base:.2f})" if base else f"{tau:.2f}"
+
+
+def stop_vs_fixed(results: Path, name: str = "cpu-replay-trees",
+                  methods: Sequence[str] = ("jetflow-stop", "jetflow-cal", "jetflow-bp", "ddtree")) -> str:
+    """The per-round budget against fixed budgets: per dataset and method, the budget (a cap for
+    ``jetflow-stop``) with the highest predicted speedup over AR (from the rounds' sizes and the committed
+    round-cost curve), its tau, mean draft nodes per round, tau per node and that prediction."""
+    rows = [r for r in load(results, name) if r.get("predicted_speedup") is not None]
+    body = []
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        for m in methods:
+            got = [r for r in rows if r["dataset"] == ds and r["method"] == m]
+            if not got:
+                continue
+            r = max(got, key=lambda r: (r["predicted_speedup"], -r["budget"]))
+            body.append([DATASET_NAMES.get(ds, ds), m, str(r["budget"]), f"{r['tau']:.2f}", f"{r['nodes']:.1f}",
+                         f"{r['tau_per_node']:.3f}", f"{r['predicted_speedup']:.2f}x"])
+    return _md(["dataset", "method", "budget (best predicted)", "tau", "draft nodes / round", "tau / node",
+                "predicted speedup"], body)
+
+
+SAMPLING = (("greedy", "cpu-sampling-greedy"), ("T = 0.7", "cpu-sampling-t0.7"), ("T = 1.0", "cpu-sampling-t1.0"))
+
+
+def sampling(results: Path, runs: Sequence[tuple[str, str]] = SAMPLING) -> str:
+    """Decoded tau per dataset and method (AR left out) under greedy and sample-and-match decoding, one
+    column per run, with the method's ratio to DDTree's tau in the same run."""
+    by_run = {label: load(results, name) for label, name in runs}
+    first = next(iter(by_run.values()))
+    body = []
+    for ds in dict.fromkeys(r["dataset"] for r in first):
+        for m in (m for m in _methods(first) if m != "ar"):
+            cells = []
+            for rows in by_run.values():
+                row, base = _find(rows, m, ds), _find(rows, "ddtree", ds)
+                cells.append(_vs(row and row["tau"], base and base["tau"] if m != "ddtree" else None))
+            budget = _find(first, m, ds)["budget"]
+            body.append([DATASET_NAMES.get(ds, ds), m, str(budget), *cells])
+    return _md(["dataset", "method", "budget", *(f"tau, {label}" for label in by_run)], body)
 
 
 def correction_gain(results: Path, name: str = "cpu-replay-correction") -> str:
@@ -291,6 +341,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "replay-trees": trees_vs_ddtree,
     "train-throughput": train_throughput,
     "replay-correction": correction_gain,
+    "replay-stop": lambda res: stop_vs_fixed(res, "cpu-replay-stop"),
 }
 
 
@@ -300,7 +351,7 @@ DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout)
     "docs/scale.md": ("train-throughput",),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
-                        "replay-correction"),
+                        "replay-stop", "replay-correction"),
 }
 
 

@@ -75,6 +75,8 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # where its drafts are accepted (on and off the argmax spine, per depth and rank)
     Entry("cpu-replay-trees", ("replay", "--methods", TREE_METHODS, "--limit", str(TREES_LIMIT), "--max-new-tokens",
                                "256", *REPLAY_DATASETS), "results", 6),
+    Entry("cpu-replay-stop", ("replay", "--methods", "jetflow-cal,jetflow-bp,jetflow-stop", "--datasets", "gsm8k,math500",
+                              "--limit", "5", "--max-new-tokens", "256", "--budgets", "8,16,32,64,128,255"), "results", 6),
     Entry("cpu-diagnosis", ("diagnose", "--limit", str(TREES_LIMIT), "--max-new-tokens", "256", "--datasets",
                             "gsm8k,math500,humaneval,mt_bench"), "results", 6),
     # make results, beyond the paper: the path-conditioned correction (jetflow-pc) against the same builder

@@ -353,6 +353,42 @@ def tree_builder(name: str, **options) -> Callable[[torch.Tensor, int, int], Tre
     return BUILDERS[name].bind(**options)
 
 
+# ----------------------------------------------------------------------------- per-round budget
+def stop_size(gains: list[float], costs) -> int:
+    """How many of the best-first nodes with expected accepted tokens ``gains`` (non-increasing) a round
+    keeps: it grows while the next node raises the expected tokens per unit of round cost, that is while
+    ``gains[k] / (costs[k + 2] - costs[k + 1]) >= tau_k / costs[k + 1]`` (its acceptance pays for its
+    marginal cost at the rate the tree already earns), with tau_k = 1 + sum(gains[:k]) and ``costs[n]``
+    the cost of a round verifying n tokens, root included. At least one node."""
+    tau, k = 1.0 + gains[0], 1
+    while k < len(gains) and (tau + gains[k]) * costs[k + 1] >= tau * costs[k + 2]:
+        tau += gains[k]
+        k += 1
+    return k
+
+
+def calibrated_stop(logp: torch.Tensor, budget: int, root: int, profile: "AcceptanceProfile | None" = None,
+                    cost=None) -> Tree:
+    """Calibrated best prefixes with a per-round budget (beyond the paper): ``calibrated_prefix``'s nodes in
+    its best-first order, each worth its calibrated path acceptance (exp of its score, the tokens it adds
+    to tau in expectation), kept up to the first one whose acceptance no longer pays for its marginal
+    round cost (``stop_size``; ``cost.round_costs(n)``: a measured curve, ``budget.CostCurve``). So a
+    round with a confident draft verifies a large tree and a flat one a small tree, ``budget`` the cap."""
+    if cost is None:
+        raise ValueError("calibrated_stop needs a round-cost curve (verify_cost.json beside the head; measure "
+                         "one with python -m jetflow cost --out HEAD_DIR)")
+    tree = calibrated_prefix(logp, budget, root, profile)
+    if len(tree) < 2:
+        return tree
+    k = stop_size(tree.score[1:].exp().tolist(), cost.round_costs(len(tree)))
+    return Tree(tree.tokens[:k + 1], tree.parents[:k + 1], tree.depth[:k + 1], tree.score[:k + 1])
+
+
+BUILDERS["calibrated_stop"] = Builder(
+    "calibrated_stop", calibrated_stop, "calibrated best prefixes, grown while the next node's measured acceptance "
+    "pays for its marginal round cost (a per-round budget up to the cap)", ("profile", "cost"))
+
+
 def path_prefix(logp: torch.Tensor, budget: int, root: int, paths: torch.Tensor | None = None) -> Tree:
     """Best prefixes under parent-dependent distributions (beyond the paper): each node at depth d-1 gets
     its own depth-d row, so a node's score is its path's corrected log-prob.
