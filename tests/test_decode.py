@@ -204,11 +204,18 @@ def test_sampling_with_a_head_and_lookup_tree_matches_the_target_distribution(sm
     target, ids, n_samples, temperature = small_vocab_target, [1, 2, 3, 1, 2], 800, 1.0
     head = build_head(TrainConfig(block_size=4, num_layers=1), target).eval()
     proposer = LookupMerged(HeadProposer(head, target, "accum_logp", width=3), share=0.5)
-    exact = exact_prefix_probs(target, ids, 3, temperature)
+    assert_samples_match(target, ids, proposer, temperature, n_samples)
+
+
+def assert_samples_match(target, ids, proposer, temperature, n_samples, new=3, budget=8):
+    """Sample ``n_samples`` continuations of ``new`` tokens with ``proposer``'s trees (seed i for sample i);
+    their frequencies must pass a chi-square test against the target's exact distribution, and the trees
+    must have been accepted from (a proposer that never hits would test plain sampling only)."""
+    exact = exact_prefix_probs(target, ids, new, temperature)
     counts, accepted = Counter(), 0
     for s in range(n_samples):
-        res = generate(target, torch.tensor(ids), proposer, budget=8, max_new_tokens=3, temperature=temperature,
-                       seed=s)
+        res = generate(target, torch.tensor(ids), proposer, budget=budget, max_new_tokens=new,
+                       temperature=temperature, seed=s)
         counts[tuple(res.tokens)] += 1
         accepted += sum(r.accepted for r in res.rounds)
     assert accepted > n_samples // 4, "the trees must actually be exercised"

@@ -1,11 +1,9 @@
 """The per-round budget (``tree.calibrated_stop``, the ``jetflow-stop`` methods) and the cost curve it reads."""
 import json
 import math
-from collections import Counter
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from fakes import random_profile
 from jetflow import replay as rp
@@ -121,24 +119,12 @@ def test_replayed_rounds_equal_decoded_rounds(tiny_target):
 
 def test_sampling_with_the_stop_builder_matches_the_target_distribution(small_vocab_target):
     """Sample-and-match over trees whose size changes round by round keeps the target's distribution."""
-    from test_decode import exact_prefix_probs
+    from test_decode import assert_samples_match
     target, ids, n_samples, temperature = small_vocab_target, [1, 2, 3, 1, 2], 800, 0.7
     head = build_head(TrainConfig(block_size=4, num_layers=1), target).eval()
     proposer = HeadProposer(head, target, "calibrated_stop", profile=random_profile(3, 4),
                             cost=CostCurve({1: 1.0, 4: 1.1, 16: 1.5}))
-    exact = exact_prefix_probs(target, ids, 3, temperature)
-    counts, accepted = Counter(), 0
-    for s in range(n_samples):
-        res = generate(target, torch.tensor(ids), proposer, budget=8, max_new_tokens=3, temperature=temperature, seed=s)
-        counts[tuple(res.tokens)] += 1
-        accepted += sum(r.accepted for r in res.rounds)
-    assert accepted > n_samples // 4, "the trees must actually be exercised"
-    keys = sorted(exact)
-    expected = [exact[k] * n_samples for k in keys]
-    big = [i for i, e in enumerate(expected) if e >= 5]
-    obs = [counts[keys[i]] for i in big] + [n_samples - sum(counts[keys[i]] for i in big)]
-    exp = [expected[i] for i in big] + [n_samples - sum(expected[i] for i in big)]
-    assert chisquare(obs, exp).pvalue > 1e-3
+    assert_samples_match(target, ids, proposer, temperature, n_samples)
 
 
 def test_shipped_head_has_its_cost_curve():
