@@ -86,7 +86,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                                     *REPLAY_DATASETS[2:]), "results", 7),
     Entry("cpu-diagnosis-correction", ("diagnose", "--limit", str(TREES_LIMIT), "--max-new-tokens", "256", "--datasets",
                                        "gsm8k", "--heldout", "24"), "results", 7),
-    Entry("cpu-correction-cost", ("correction-cost",), "correction-cost", 1),  # timed: run it through /work/timed
+    Entry("cpu-correction-cost", ("correction-cost",), "correction-cost", 1),  # timed: run it with the machine to itself
     Entry("cpu-replay-tau-merged", ("replay", "--methods", "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup",
                                     *COMMON, *REPLAY_DATASETS), "merged", 4),
     # eager vs compiled vs llama.cpp (docs/compiled.md): its own settings (3 prompts, 64 tokens, 2 threads)

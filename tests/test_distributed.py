@@ -103,7 +103,7 @@ def launch(cfg: TrainConfig, *extra: str) -> subprocess.Popen:
 
 def finish(proc: subprocess.Popen, cfg: TrainConfig) -> None:
     """Wait for a launch to end; fail with its output unless it exited 0."""
-    rc = proc.wait(timeout=3600)  # generous: /work/timed may pause every jetflow process for a while
+    rc = proc.wait(timeout=3600)  # generous: a shared machine may pause or starve the two processes for a while
     assert rc == 0, Path(cfg.out).with_suffix(".log").read_text()[-3000:]
 
 
