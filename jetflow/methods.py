@@ -16,7 +16,7 @@ bidirectional one; ``heads={kind: path}`` overrides the shipped head) and a tree
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .proposers import LookupProposer, RandomProposer
 from .tree import BUILDERS
@@ -48,7 +48,22 @@ class Method:
         return self.hf_kwargs is None
 
 
-_REGISTRY = (
+def _lookup_merged(base: Method) -> Method:
+    """``base``'s tree with prompt-lookup branches merged in (``LookupMerged``)."""
+    return replace(base, name=f"{base.name}+lookup", lookup_merged=True, beyond_paper=True,
+                   description=f"{base.name}'s tree with prompt-lookup branches merged in")
+
+
+def _entries(*entries: "Method | str") -> tuple[Method, ...]:
+    """The registry in report order; a string ``"X+lookup"`` stands for X's entry with lookup merged in."""
+    out: dict[str, Method] = {}
+    for e in entries:
+        m = _lookup_merged(out[e.removesuffix("+lookup")]) if isinstance(e, str) else e
+        out[m.name] = m
+    return tuple(out.values())
+
+
+_REGISTRY = _entries(
     Method("ar", "plain autoregressive decoding through the same loop: the reference", budget_free=True),
     Method("hf", "transformers' own generate (greedy or sampling)", budget_free=True, hf_kwargs=()),
     Method("hf-lookup", "transformers' generate with prompt_lookup_num_tokens=10", budget_free=True,
@@ -71,23 +86,21 @@ _REGISTRY = (
            builder="calibrated_prefix", beyond_paper=True),
     Method("jetflow-profile", "causal head + profile_prefix: per-(depth, rank) child caps from the acceptance "
            "profile, filled by head log-prob", head="jetflow", builder="profile_prefix", beyond_paper=True),
-    Method("ddtree+lookup", "ddtree's tree with prompt-lookup branches merged in", head="dflash",
-           builder="best_prefix", lookup_merged=True, beyond_paper=True),
-    Method("jetflow+lookup", "jetflow's tree with prompt-lookup branches merged in", head="jetflow",
-           builder="accum_logp", lookup_merged=True, beyond_paper=True),
-    Method("jetflow-bp+lookup", "jetflow-bp's tree with prompt-lookup branches merged in", head="jetflow",
-           builder="best_prefix", lookup_merged=True, beyond_paper=True),
-    Method("jetflow-t2g+lookup", "jetflow-t2g's tree with prompt-lookup branches merged in", head="jetflow",
-           builder="top2gap", lookup_merged=True, beyond_paper=True),
-    Method("jetflow-cal+lookup", "jetflow-cal's tree with prompt-lookup branches merged in", head="jetflow",
-           builder="calibrated_prefix", lookup_merged=True, beyond_paper=True),
-    Method("jetflow-profile+lookup", "jetflow-profile's tree with prompt-lookup branches merged in", head="jetflow",
-           builder="profile_prefix", lookup_merged=True, beyond_paper=True),
+    "ddtree+lookup",
+    "jetflow+lookup",
+    "jetflow-bp+lookup",
+    "jetflow-t2g+lookup",
+    "jetflow-cal+lookup",
+    "jetflow-profile+lookup",
     Method("jetflow-pc", "causal head + path_prefix: best prefixes by path-corrected log-prob, each node's "
            "children re-scored given its token (correction.safetensors)", head="jetflow", builder="path_prefix",
            beyond_paper=True),
-    Method("jetflow-pc+lookup", "jetflow-pc's tree with prompt-lookup branches merged in", head="jetflow",
-           builder="path_prefix", lookup_merged=True, beyond_paper=True),
+    "jetflow-pc+lookup",
+    # per-round budget (issue 19, item 4): the calibrated tree cut where one more node costs more than it earns
+    Method("jetflow-stop", "causal head + calibrated_stop: jetflow-cal's tree, grown while the next node's measured "
+           "acceptance pays for its marginal verify cost (verify_cost.json), the budget a cap", head="jetflow",
+           builder="calibrated_stop", beyond_paper=True),
+    "jetflow-stop+lookup",
 )
 METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}
 HEAD_KINDS = tuple(dict.fromkeys(m.head for m in _REGISTRY if m.head))  # ("dflash", "jetflow")
@@ -131,13 +144,3 @@ def describe() -> str:
     """One line per method, ``name: description`` (marked when beyond the paper), for docstrings."""
     return "\n".join(f"- ``{m.name}``: {m.description}" + (" (beyond the paper)" if m.beyond_paper else "")
                      for m in _REGISTRY)
-
-# per-round budget (issue 19, item 4): the calibrated tree cut where one more node costs more than it earns
-_REGISTRY += (
-    Method("jetflow-stop", "causal head + calibrated_stop: jetflow-cal's tree, grown while the next node's measured "
-           "acceptance pays for its marginal verify cost (verify_cost.json), the budget a cap", head="jetflow",
-           builder="calibrated_stop", beyond_paper=True),
-    Method("jetflow-stop+lookup", "jetflow-stop's tree with prompt-lookup branches merged in", head="jetflow",
-           builder="calibrated_stop", lookup_merged=True, beyond_paper=True),
-)
-METHODS.update({m.name: m for m in _REGISTRY[-2:]})
