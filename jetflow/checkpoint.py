@@ -38,7 +38,7 @@ from .head import DecoderLayer, DraftHead, HeadConfig
 from .target import tap_layers
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
-SIDE_FILES = ("correction.safetensors",)  # saved beside a head but not of it (jetflow.correction)
+WEIGHT_FILES = "model*.safetensors"  # model.safetensors or HF shards model-0000k-of-0000n; not side files
 CAUSAL_KEYS = ("dflash_config.causal_head", "dflash_config.causal", "is_causal")
 DEFAULT_BLOCK_SIZE, DEFAULT_ROPE_THETA = 16, 10000.0
 
@@ -187,9 +187,8 @@ def load(path_or_hub_id: str, dtype: torch.dtype = torch.float32) -> DraftHead:
         path = download(str(path_or_hub_id))
     config = from_hf_dict(json.loads((path / CONFIG_FILE).read_text()))
     weights = {}
-    for file in sorted(path.glob("*.safetensors")):
-        if file.name not in SIDE_FILES:
-            weights |= load_file(str(file))
+    for file in sorted(path.glob(WEIGHT_FILES)):
+        weights |= load_file(str(file))
     head = DraftHead(config)
     try:
         missing, unexpected = head.load_state_dict(weights, strict=False)
