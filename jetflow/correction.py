@@ -7,13 +7,14 @@ one head pass and adds, per tree node, a small sequential step on the head's own
 
     h'_d = h_d + up(silu(down([h_d ; norm(E(p))])))     p: the parent's token (depth d-1), E: the target's
                                                         frozen embedding; ``up`` starts at zero
-    logits'_d = W h'_d on the head's top-C candidates   W: the head's frozen output rows
+    logits'_d = W h'_d on the head's top-C candidates   W: the head's frozen output rows; a round of budget B
+                                                        re-scores C' = min(C, max(32, B)) (``table_size``)
 
 Only the C candidates of depth d (the head's top-C) are re-scored; every other token keeps the head's
 logit, so the corrected row is a normalised distribution over the whole draft vocabulary
 (``corrected_logp``) and a zero ``up`` gives back the head's row exactly. Depth 1's parent is the
 anchor, which the head already sees: depths 2..D are corrected. Per round, ``path_table`` scores every
-(depth, parent candidate, child candidate) triple at once, (D-1, C, C) numbers from small matmuls, and
+(depth, parent candidate, child candidate) triple at once, (D-1, C', C') numbers from small matmuls, and
 ``tree.path_prefix`` expands nodes by corrected path log-prob from that table (a pure function, so
 replay and decode build the same trees).
 
@@ -33,13 +34,14 @@ from torch import nn
 from .head import RMSNorm
 
 WEIGHTS_FILE, CONFIG_FILE = "correction.safetensors", "correction.json"
+MIN_CANDIDATES = 32  # a round re-scores min(C, max(32, budget)) candidates per depth (``PathCorrection.table_size``)
 
 
 @dataclass(frozen=True)
 class CorrectionConfig:
     hidden_size: int           # H, the head's (= the target's) width
     rank: int = 128            # the low-rank MLP's inner width
-    candidates: int = 32       # C: the head's top-C tokens per depth are re-scored; the builder expands only them
+    candidates: int = 64       # C: at most the head's top-C tokens per depth are re-scored; the builder expands only them
     rms_norm_eps: float = 1e-5
 
 
@@ -53,6 +55,13 @@ class PathCorrection(nn.Module):
         self.down = nn.Linear(2 * c.hidden_size, c.rank)
         self.up = nn.Linear(c.rank, c.hidden_size, bias=False)
         nn.init.zeros_(self.up.weight)  # starts as the identity: the head's own rows
+
+    def table_size(self, budget: int | None = None) -> int:
+        """C' of a round of ``budget`` draft nodes: its table re-scores the top-C' candidates per depth,
+        ``min(C, max(MIN_CANDIDATES, budget))`` (C for ``budget`` None). A small tree never holds more
+        than ``budget`` nodes at a depth, so it pays for no more; a big one can use all C."""
+        c = self.config.candidates
+        return c if budget is None else min(c, max(MIN_CANDIDATES, budget))
 
     def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         return self.up(F.silu(self.down(torch.cat([h, self.parent_norm(e)], dim=-1))))

@@ -33,12 +33,12 @@ class CorrectionTrainConfig:
     """``python -m jetflow train-correction``: features once, then epochs of the small module."""
     data: str = option(REGEN, "folder of regenerated part-*.jsonl files (or one .jsonl file)")
     max_seqs: int = option(800, "regenerated sequences to use (first N rows; 0: all)")
-    anchors: int = option(24, "random anchors per sequence")
-    max_response: int = option(192, "anchors come from the first N response tokens (shorter target forwards)")
+    anchors: int = option(48, "random anchors per sequence")
+    max_response: int = option(240, "anchors come from the first N response tokens (shorter target forwards)")
     dtype: str = option("bfloat16", "the target's dtype for the taps (the regenerated answers are bf16's)")
     heldout: float = option(0.05, "share of sequences held out (by a hash of the id)")
     rank: int = option(128, "inner width of the low-rank MLP")
-    candidates: int = option(32, "C: the head's top-C candidates per depth that are re-scored")
+    candidates: int = option(64, "C: the head's top-C candidates per depth that are re-scored (a round uses its first C')")
     epochs: int = option(6, "passes over the training features (the held-out best is kept)")
     batch_size: int = option(512, "(anchor, depth) examples per step")
     lr: float = option(2e-3, "peak AdamW learning rate (cosine to 0)")
@@ -248,7 +248,7 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
 class CostConfig:
     """``python -m jetflow correction-cost``: what the path correction adds to a round, beside a verify pass."""
     prompts: int = option(3, "first N GSM8K prompts (each prefilled once; every timing at its answer's start)")
-    budgets: tuple[int, ...] = option((16, 64, 255), "comma list")
+    budgets: tuple[int, ...] = option((16, 64, 128, 255), "comma list")
     reps: int = option(20, "repetitions of each timed step (the median is kept)")
     dtype: str = option("bfloat16", "target dtype (the head drafts in the machine's fast dtype)")
     data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
@@ -288,9 +288,9 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
         state, anchor = proposer.start(ids), int(step.logits[-1].argmax())
         hidden = proposer.depth_hidden(state, ids.tolist() + [anchor], step.taps)
         logp = proposer.logp(hidden)
-        paths = proposer.paths(hidden, logp)
         past = cache.get_seq_length()
         for b in cfg.budgets:
+            paths = proposer.paths(hidden, logp, budget=b)  # the round's C' = correction.table_size(b)
             tree = path_prefix(logp, b, anchor, paths)
             tree = type(tree)(tree.tokens.clone(), tree.parents, tree.depth, tree.score)
             tree.tokens[1:] = proposer.vocab[tree.tokens[1:]] if proposer.vocab is not None else tree.tokens[1:]
@@ -299,12 +299,12 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
                 verify_step(target, tree, cache, proposer.taps)
                 keep_path(cache, past, [])  # back to the prefix for the next repetition
             ms = {"head_ms": _median_ms(lambda: proposer.head.draft_block(state.head, anchor, proposer.embed), cfg.reps),
-                  "table_ms": _median_ms(lambda: proposer.paths(hidden, logp), cfg.reps),
+                  "table_ms": _median_ms(lambda: proposer.paths(hidden, logp, budget=b), cfg.reps),
                   "build_pc_ms": _median_ms(lambda: path_prefix(logp, b, anchor, paths), cfg.reps),
                   "build_bp_ms": _median_ms(lambda: best_prefix(logp, b, anchor), cfg.reps),
                   "verify_ms": _median_ms(verify, max(3, cfg.reps // 4))}
             ms["correction_ms"] = ms["table_ms"] + ms["build_pc_ms"] - ms["build_bp_ms"]
-            rows.append({"prompt": p["id"], "budget": b, **ms, "correction_over_verify": ms["correction_ms"] / ms["verify_ms"],
+            rows.append({"prompt": p["id"], "budget": b, "candidates": paths.shape[-1], **ms, "correction_over_verify": ms["correction_ms"] / ms["verify_ms"],
                          **env})
     return rows
 
@@ -312,11 +312,11 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
 def cost_markdown(rows: list[dict]) -> str:
     """Median over prompts of each step's ms per budget, and the correction's share of a verify pass."""
     keys = ("head_ms", "table_ms", "build_bp_ms", "build_pc_ms", "correction_ms", "verify_ms", "correction_over_verify")
-    lines = ["| budget | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    lines = ["| budget | C' | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
     for b in sorted({r["budget"] for r in rows}):
         mine = [r for r in rows if r["budget"] == b]
         med = {k: sorted(r[k] for r in mine)[len(mine) // 2] for k in keys}
-        lines.append(f"| {b} | " + " | ".join(f"{med[k]:.3f}" if k == keys[-1] else f"{med[k]:.2f}" for k in keys) + " |")
+        lines.append(f"| {b} | {mine[0].get('candidates', '-')} | " + " | ".join(f"{med[k]:.3f}" if k == keys[-1] else f"{med[k]:.2f}" for k in keys) + " |")
     hw = rows[0]["hardware"] if rows else ""
     return "\n".join(lines) + (f"\n\nms per round step, median over {len({r['prompt'] for r in rows})} GSM8K prompts "
                                f"(each step the median of its repetitions), one process; {hw}\n")

@@ -181,10 +181,11 @@ def counts_of(proposer, traces, n_rank: int, progress: bool = False, corrected: 
     from .replay import draft_table
     counts = [Counts(proposer.head.config.block_size - 1, n_rank) for _ in range(1 + corrected)]
     for t in tqdm(traces, desc="profile", disable=not progress, leave=False):
-        table = draft_table(proposer, t, max(n_rank, 2), paths=corrected)
+        wide = max(n_rank, 2, proposer.correction.config.candidates if corrected else 0)
+        table = draft_table(proposer, t, wide, paths=corrected)
         counts[0].add(table.logp, table.ids, t.tokens)
         if corrected:
-            counts[1].add(table.logp, table.ids, t.tokens, table.paths)
+            counts[1].add(table.logp, table.ids, t.tokens, table.paths[max(table.paths)])  # the full C
     return tuple(counts) if corrected else counts[0]
 
 

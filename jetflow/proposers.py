@@ -190,13 +190,14 @@ class HeadProposer:
         """Final head states (..., H) -> fp32 log-probs over the draft vocabulary (..., K)."""
         return torch.log_softmax(F.linear(hidden, self.out).float(), dim=-1)
 
-    def paths(self, hidden: torch.Tensor, logp: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The path correction's table (..., D-1, C, C) for head states (..., D, H) and log-probs (..., D, K')
-        (``correction.path_table``); ``cols`` (..., D, K') are logp's draft columns when it holds only some
-        (replay's top-k); None without a correction."""
+    def paths(self, hidden: torch.Tensor, logp: torch.Tensor, cols: torch.Tensor | None = None,
+              budget: int | None = None) -> torch.Tensor | None:
+        """The path correction's table (..., D-1, C', C') for head states (..., D, H) and log-probs (..., D, K')
+        (``correction.path_table``), C' = ``correction.table_size(budget)``; ``cols`` (..., D, K') are logp's
+        draft columns when it holds only some (replay's top-k); None without a correction."""
         if self.correction is None:
             return None
-        lp, idx = candidates(logp, self.correction.config.candidates)               # (..., D, C)
+        lp, idx = candidates(logp, self.correction.table_size(budget))              # (..., D, C')
         col = idx if cols is None else cols.to(idx.device).gather(-1, idx)
         ids = col if self.vocab is None else self.vocab.to(col.device)[col]
         return path_table(self.correction, hidden, lp, ids, self.out[col], self.embed)
@@ -204,7 +205,7 @@ class HeadProposer:
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
         hidden = self.depth_hidden(state, tokens, new_taps)
         logp = self.logp(hidden)
-        paths = self.paths(hidden, logp) if "paths" in BUILDERS[self.builder].options else None
+        paths = self.paths(hidden, logp, budget=budget) if "paths" in BUILDERS[self.builder].options else None
         build = tree_builder(self.builder, width=self.width, profile=self.profile, paths=paths,
                              cost=self.cost)
         tree = build(logp, budget, tokens[-1])

@@ -123,48 +123,52 @@ def _cached_traces(path: Path) -> list[Trace]:
 @dataclass
 class DraftTable:
     """Per anchor (output index i = 0 .. len(tokens) - 2): the top-K draft log-probs per depth,
-    descending, (A, D, K) float32, and their token ids (A, D, K); with a path correction, its table per
-    anchor (A, D-1, C, C) over logp's top-C (``HeadProposer.paths``), for ``path_prefix``."""
+    descending, (A, D, K) float32, and their token ids (A, D, K); with a path correction, its tables per
+    anchor, C' -> (A, D-1, C', C') over logp's top-C' (``HeadProposer.paths``), for ``path_prefix``."""
     logp: torch.Tensor
     ids: torch.Tensor
-    paths: torch.Tensor | None = None
+    paths: dict[int, torch.Tensor] | None = None
 
 
 @torch.no_grad()
-def draft_table(proposer: HeadProposer, trace: Trace, k: int = 256, chunk: int = 32, paths: bool = False) -> DraftTable:
+def draft_table(proposer: HeadProposer, trace: Trace, k: int = 256, chunk: int = 32,
+                paths: bool | Sequence[int] = False) -> DraftTable:
     """The head's drafts at every anchor of ``trace`` (``k`` best tokens per depth), in the head's dtype
     and with the same embedding and lm_head rows as ``HeadProposer.depth_logp``; ``paths``: the path
-    correction's tables too."""
+    correction's tables too, for the budgets listed (each round's C' = ``correction.table_size(budget)``;
+    True: the full C only)."""
     head, target = proposer.head, proposer.target
     ids = torch.tensor(trace.prompt_ids + trace.tokens)
     _, taps = target.sequence_taps(ids.to(target.device), proposer.taps, logits=False)
     taps = taps.to(head.fc.weight.device)
     anchors = torch.arange(len(trace.prompt_ids), ids.numel() - 1)
-    logps, cols, tables, depths = [], [], [], head.config.block_size - 1
+    budgets = ([None] if paths is True else list(paths or ())) if proposer.correction is not None else []
+    sizes = sorted({proposer.correction.table_size(b) for b in budgets}) if budgets else []
+    logps, cols, tables, depths = [], [], {c: [] for c in sizes}, head.config.block_size - 1
     for part in anchors.split(chunk):
         hidden = head.sequence_blocks(taps, head.block_inputs(ids[part], proposer.embed), part)  # (a, D, H)
         logp = proposer.logp(hidden)                                                    # (a, D, K)
         top, col = logp.topk(min(k, logp.shape[-1]), dim=-1)
         logps.append(top.cpu())
         cols.append(col.cpu())
-        if paths:
-            tables.append(proposer.paths(hidden, top, col).cpu())
+        for c in sizes:
+            tables[c].append(proposer.paths(hidden, top[..., :c], col[..., :c]).cpu())
     col = torch.cat(cols) if cols else torch.zeros(0, depths, k, dtype=torch.long)
     logp = torch.cat(logps) if logps else torch.zeros(0, depths, k)
     return DraftTable(logp, col if proposer.vocab is None else proposer.vocab[col],
-                      torch.cat(tables) if tables and tables[0] is not None else None)
+                      {c: torch.cat(t) for c, t in tables.items()} if sizes and cols else None)
 
 
 def walk(table: DraftTable, trace: Trace, build: Callable, budget: int, eos_ids,
-         lookup: LookupMerged | None = None, paths: bool = False) -> list[Round]:
+         lookup: LookupMerged | None = None, paths: int | None = None) -> list[Round]:
     """The rounds ``generate`` runs on ``trace``'s prompt with these drafts (greedy): each round builds
     the tree at the anchor, accepts the longest path matching the continuation, commits it plus the
     bonus token (truncated at EOS and ``max_new_tokens`` like ``generate``). With ``lookup`` (a
     ``LookupMerged``) its prompt-lookup branches are merged in first, as it does when decoding; with
-    ``paths`` the builder gets the anchor's path table (``path_prefix``)."""
+    ``paths`` (a C') the builder gets the anchor's path table of that size (``path_prefix``)."""
     tokens, rounds, i = trace.tokens, [], 0
     while i + 1 < len(tokens) and tokens[i] not in eos_ids:
-        tree = build(table.logp[i], budget, tokens[i], **({"paths": table.paths[i]} if paths else {}))
+        tree = build(table.logp[i], budget, tokens[i], **({"paths": table.paths[paths][i]} if paths else {}))
         ids = tree.tokens.clone()
         ids[1:] = table.ids[i][tree.depth[1:] - 1, tree.tokens[1:]]   # columns of the top-K -> token ids
         tree = Tree(ids, tree.parents, tree.depth, tree.score)
@@ -201,7 +205,8 @@ def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Seque
         proposer = getattr(proposer, "inner", proposer)  # the head's own proposer, lookup merged or not
         for ds, traces in traces_by_dataset.items():
             with_paths = any("paths" in BUILDERS[registry.method(m).builder].options for m in mine)
-            tables = [draft_table(proposer, t, k, paths=with_paths) for t in
+            wide = max(k, proposer.correction.config.candidates) if with_paths and proposer.correction else k
+            tables = [draft_table(proposer, t, wide, paths=budgets if with_paths else False) for t in
                       tqdm(traces, desc=f"draft {kind} {ds}", disable=not progress, leave=False)]
             rows += [row | setup for m in mine
                      for row in method_rows(m, ds, traces, tables, budgets, widths, target.eos_ids, proposer,
@@ -225,7 +230,8 @@ def method_rows(method: str, dataset: str, traces: Sequence[Trace], tables: Sequ
     for w in (widths if "width" in BUILDERS[entry.builder].options else (None,)):
         build = tree_builder(entry.builder, width=w, profile=proposer.profile, cost=proposer.cost)
         for b in budgets:
-            rounds = [r for t, tab in zip(traces, tables) for r in walk(tab, t, build, b, eos_ids, lookup, paths)]
+            size = proposer.correction.table_size(b) if paths else None
+            rounds = [r for t, tab in zip(traces, tables) for r in walk(tab, t, build, b, eos_ids, lookup, size)]
             stats = round_stats(rounds)
             nodes = stats["verify_tokens"] - 1 if stats["verify_tokens"] else None
             pred = cost.predicted_speedup([len(r.tree) for r in rounds], [len(r.committed) for r in rounds]) \

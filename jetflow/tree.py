@@ -408,21 +408,29 @@ def path_prefix(logp: torch.Tensor, budget: int, root: int, paths: torch.Tensor 
     top_lp, top_tok = logp.float().topk(c, dim=-1)                                   # (D, C)
     top_tok = top_tok.tolist()
     row_lp, row_col = paths.float().sort(dim=-1, descending=True)                    # (D-1, C, C) best child first
-    rows = [[(top_lp[0].tolist(), list(range(c)))]] + [                             # rows[d-1][r]: (lps, columns)
-        list(zip(row_lp[d].tolist(), row_col[d].tolist())) for d in range(paths.shape[0])]
+    first = (top_lp[0].tolist(), list(range(c)))
+    rows: dict[tuple[int, int], tuple[list, list]] = {}  # (depth d, parent column) -> its sorted row, on first use
+
+    def row(d: int, parent_col: int) -> tuple[list, list]:  # depth d's candidates under that parent, best first
+        if d == 1:
+            return first
+        if (d, parent_col) not in rows:
+            rows[d, parent_col] = (row_lp[d - 2, parent_col].tolist(), row_col[d - 2, parent_col].tolist())
+        return rows[d, parent_col]
+
     depth_max = logp.shape[0]
     tokens, parents, depth, score, col = [root], [-1], [0], [0.0], [0]
     order = itertools.count()
-    heap = [(-rows[0][0][0][0], next(order), 1, 0, 0)]  # (-score, tie, depth, place in row, parent)
+    heap = [(-first[0][0], next(order), 1, 0, 0)]  # (-score, tie, depth, place in row, parent)
     while heap and len(tokens) - 1 < budget:
         neg, _, d, i, p = heapq.heappop(heap)
-        lps, cols = rows[d - 1][col[p] if d > 1 else 0]
+        lps, cols = row(d, col[p])
         tokens.append(top_tok[d - 1][cols[i]]); parents.append(p); depth.append(d); score.append(-neg)
         col.append(cols[i])
         if i + 1 < c:
             heapq.heappush(heap, (-(score[p] + lps[i + 1]), next(order), d, i + 1, p))
         if d < depth_max:
-            heapq.heappush(heap, (-(-neg + rows[d][cols[i]][0][0]), next(order), d + 1, 0, len(tokens) - 1))
+            heapq.heappush(heap, (-(-neg + row(d + 1, cols[i])[0][0]), next(order), d + 1, 0, len(tokens) - 1))
     return Tree.from_lists(tokens, parents, depth, score)
 
 

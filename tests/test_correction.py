@@ -141,19 +141,30 @@ def test_path_prefix_proposer_is_lossless(tiny_target, draft_vocab, dtype):
         generate(tiny_target, torch.tensor(PROMPTS[0]), HeadProposer(head, tiny_target, "path_prefix"), budget=4)
 
 
-@pytest.mark.parametrize("merged", [False, True])
-def test_replayed_rounds_equal_decoded_rounds(tiny_target, merged):
+def test_table_size_grows_with_the_budget():
+    module = random_correction(8, candidates=64)
+    assert [module.table_size(b) for b in (1, 16, 32, 40, 64, 255)] == [32, 32, 32, 40, 64, 64]
+    assert module.table_size(None) == 64 and random_correction(8, candidates=8).table_size(255) == 8
+
+
+@pytest.mark.parametrize("merged,c", [(False, 8), (True, 8), (False, 40)])
+def test_replayed_rounds_equal_decoded_rounds(tiny_target, merged, c):
+    """With C = 40 the two budgets take tables of different sizes (C' = 32 and 40), in decode and replay."""
     head = tiny_head(tiny_target)
-    proposer = HeadProposer(head, tiny_target, "path_prefix", correction=random_correction(head.config.hidden_size))
+    proposer = HeadProposer(head, tiny_target, "path_prefix",
+                            correction=random_correction(head.config.hidden_size, candidates=c))
     lookup = LookupMerged(proposer) if merged else None
     prompts = [{"id": "a", "prompt": "Count to five."}, {"id": "c", "prompt": "one two one two one two one two"}]
+    budgets = (4, 40) if c > 32 else (4, 12)
     for trace in rp.ar_traces(tiny_target, prompts, 20, progress=False):
-        table = rp.draft_table(proposer, trace, k=16, paths=True)
-        assert table.paths.shape == (len(trace.tokens) - 1, 4, 8, 8)
-        for budget in (4, 12):
+        table = rp.draft_table(proposer, trace, k=48, paths=budgets)
+        sizes = sorted({proposer.correction.table_size(b) for b in budgets})
+        assert {s: t.shape for s, t in table.paths.items()} == {s: (len(trace.tokens) - 1, 4, s, s) for s in sizes}
+        for budget in budgets:
             real = generate(tiny_target, torch.tensor(trace.prompt_ids), lookup or proposer, budget=budget,
                             max_new_tokens=20).rounds
-            walked = rp.walk(table, trace, tree_builder("path_prefix"), budget, tiny_target.eos_ids, lookup, paths=True)
+            walked = rp.walk(table, trace, tree_builder("path_prefix"), budget, tiny_target.eos_ids, lookup,
+                             paths=proposer.correction.table_size(budget))
             assert [r.tree.tokens.tolist() for r in walked] == [r.tree.tokens.tolist() for r in real]
             assert [r.committed for r in walked] == [r.committed for r in real]
 
