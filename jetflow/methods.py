@@ -96,6 +96,10 @@ _REGISTRY = _entries(
            "children re-scored given its token (correction.safetensors)", head="jetflow", builder="path_prefix",
            beyond_paper=True),
     "jetflow-pc+lookup",
+    Method("jetflow-pcx", "causal head + path_tail_prefix: jetflow-pc whose rows go on past the corrected candidates "
+           "with the head's next ranks (rescaled to the row's leftover mass), so big budgets reach deeper ranks",
+           head="jetflow", builder="path_tail_prefix", beyond_paper=True),
+    "jetflow-pcx+lookup",
     # per-round budget (issue 19, item 4): the calibrated tree cut where one more node costs more than it earns
     Method("jetflow-stop", "causal head + calibrated_stop: jetflow-cal's tree, grown while the next node's measured "
            "acceptance pays for its marginal verify cost (verify_cost.json), the budget a cap", head="jetflow",

@@ -389,15 +389,20 @@ BUILDERS["calibrated_stop"] = Builder(
     "pays for its marginal round cost (a per-round budget up to the cap)", ("profile", "cost"))
 
 
-def path_prefix(logp: torch.Tensor, budget: int, root: int, paths: torch.Tensor | None = None) -> Tree:
+def path_prefix(logp: torch.Tensor, budget: int, root: int, paths: torch.Tensor | None = None,
+                tail: bool = False) -> Tree:
     """Best prefixes under parent-dependent distributions (beyond the paper): each node at depth d-1 gets
     its own depth-d row, so a node's score is its path's corrected log-prob.
 
     ``paths`` (D-1, C, C) is the round's table (``jetflow.correction.path_table``): [d-2, r, c] = log P(the
     c-th of depth d's top-C tokens | its parent is the r-th of depth d-1's); depth 1 reads ``logp``'s top-C.
-    Only those C candidates per depth are ever drafted. A heap of frontier candidates (depth, place in the
-    parent's row sorted best first, parent); popping one places it and pushes its next sibling and its own
-    first child, as ``best_prefix`` does under shared rows."""
+    Only those C candidates per depth are drafted, unless ``tail``: then each row goes on past them with
+    the head's next ranks (up to ``budget``), every such token at its head log-prob plus the row's log
+    ratio of leftover mass (corrected over the head's; the correction moves only the candidates' logits,
+    so the others keep their proportions), depth 1 takes the head's whole row, and a node outside the
+    candidates, which the table has no row for, takes the head's own row (``best_prefix``'s). A heap of
+    frontier candidates (depth, place in the parent's row sorted best first, parent); popping one places
+    it and pushes its next sibling and its own first child, as ``best_prefix`` does under shared rows."""
     _check(logp, budget)
     if paths is None:
         raise ValueError("path_prefix needs the round's path table (correction.safetensors beside the head; "
@@ -405,34 +410,54 @@ def path_prefix(logp: torch.Tensor, budget: int, root: int, paths: torch.Tensor 
     c = paths.shape[-1]
     if paths.shape != (logp.shape[0] - 1, c, c) or c > logp.shape[1]:
         raise ValueError(f"paths must be (D-1, C, C) with C <= K for logp {tuple(logp.shape)}, got {tuple(paths.shape)}")
-    top_lp, top_tok = logp.float().topk(c, dim=-1)                                   # (D, C)
+    k = max(c, min(budget, logp.shape[1])) if tail else c
+    top_lp, top_tok = logp.float().topk(k, dim=-1)                                   # (D, K')
+    head_rows = top_lp.tolist()
     top_tok = top_tok.tolist()
     row_lp, row_col = paths.float().sort(dim=-1, descending=True)                    # (D-1, C, C) best child first
-    first = (top_lp[0].tolist(), list(range(c)))
+    # log of the mass outside the C candidates, corrected (per parent) and the head's (per depth)
+    left = torch.log1p(-paths.float().exp().sum(-1).clamp(max=1 - 1e-7)) - \
+        torch.log1p(-top_lp[1:, :c].exp().sum(-1, keepdim=True).clamp(max=1 - 1e-7))  # (D-1, C)
+    head_row = lambda d: (head_rows[d - 1], list(range(k)))
     rows: dict[tuple[int, int], tuple[list, list]] = {}  # (depth d, parent column) -> its sorted row, on first use
 
     def row(d: int, parent_col: int) -> tuple[list, list]:  # depth d's candidates under that parent, best first
-        if d == 1:
-            return first
+        if d == 1 or parent_col >= c:
+            return head_row(d) if tail else (head_rows[0][:c], list(range(c)))
         if (d, parent_col) not in rows:
-            rows[d, parent_col] = (row_lp[d - 2, parent_col].tolist(), row_col[d - 2, parent_col].tolist())
+            lps, cols = row_lp[d - 2, parent_col].tolist(), row_col[d - 2, parent_col].tolist()
+            if tail and k > c:
+                shift = float(left[d - 2, parent_col])
+                more = [(lp + shift, j) for j, lp in enumerate(head_rows[d - 1][c:], c)]
+                merged = list(heapq.merge(zip(lps, cols), more, key=lambda t: -t[0]))
+                lps, cols = [t[0] for t in merged], [t[1] for t in merged]
+            rows[d, parent_col] = (lps, cols)
         return rows[d, parent_col]
 
     depth_max = logp.shape[0]
     tokens, parents, depth, score, col = [root], [-1], [0], [0.0], [0]
     order = itertools.count()
-    heap = [(-first[0][0], next(order), 1, 0, 0)]  # (-score, tie, depth, place in row, parent)
+    heap = [(-row(1, 0)[0][0], next(order), 1, 0, 0)]  # (-score, tie, depth, place in row, parent)
     while heap and len(tokens) - 1 < budget:
         neg, _, d, i, p = heapq.heappop(heap)
         lps, cols = row(d, col[p])
         tokens.append(top_tok[d - 1][cols[i]]); parents.append(p); depth.append(d); score.append(-neg)
         col.append(cols[i])
-        if i + 1 < c:
+        if i + 1 < len(lps):
             heapq.heappush(heap, (-(score[p] + lps[i + 1]), next(order), d, i + 1, p))
         if d < depth_max:
             heapq.heappush(heap, (-(-neg + row(d + 1, cols[i])[0][0]), next(order), d + 1, 0, len(tokens) - 1))
     return Tree.from_lists(tokens, parents, depth, score)
 
 
+def path_tail_prefix(logp: torch.Tensor, budget: int, root: int, paths: torch.Tensor | None = None) -> Tree:
+    """``path_prefix`` with rows that go on past the C corrected candidates (``tail``): at any budget a
+    superset of ``best_prefix``'s choices, the corrected ones where the table has them."""
+    return path_prefix(logp, budget, root, paths, tail=True)
+
+
 BUILDERS["path_prefix"] = Builder("path_prefix", path_prefix, "best prefixes by parent-corrected path log-prob: "
                                   "each node's children re-scored by the path correction", ("paths",))
+BUILDERS["path_tail_prefix"] = Builder(
+    "path_tail_prefix", path_tail_prefix, "path_prefix whose rows go on past the corrected candidates with the "
+    "head's next ranks, rescaled to the row's leftover mass", ("paths",))

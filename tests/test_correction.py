@@ -1,6 +1,7 @@
 """The path correction (jetflow/correction.py), its training (jetflow/correction_train.py) and the
 path_prefix builder: slow references, the zero correction, losslessness, replay == decode."""
 import itertools
+import math
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from jetflow.correction_train import CorrectionTrainConfig, batch_logp, examples
 from jetflow.decode import generate
 from jetflow.proposers import HeadProposer, LookupMerged, make_proposer
 from jetflow.train import TrainConfig, build_head
-from jetflow.tree import best_prefix, path_prefix, tree_builder
+from jetflow.tree import best_prefix, path_prefix, path_tail_prefix, tree_builder
 
 
 def random_tables(depths, vocab, c, seed):
@@ -34,6 +35,51 @@ def ref_path_prefix(logp, paths, budget):
             scored[tuple(top_tok[i, cols[i]].item() for i in range(d))] = s
     best = sorted(scored.items(), key=lambda kv: -kv[1])[:budget]
     return {path: pytest.approx(s, abs=1e-5) for path, s in best}
+
+
+def ref_path_tail_prefix(logp, paths, budget):
+    """Brute force for ``tail``: rows over the head's top-K (K = max(C, budget)); a candidate parent's row
+    is its table row on the C candidates and the head's log-prob plus the leftover-mass ratio past them,
+    any other parent's row (and depth 1's) the head's own."""
+    depths, c = logp.shape[0], paths.shape[-1]
+    k = max(c, min(budget, logp.shape[1]))
+    top_lp, top_tok = logp.topk(k, -1)
+
+    def lp(d, parent, j):  # log-prob of head rank j at depth d (1-based) under the depth-(d-1) rank ``parent``
+        if d == 1 or parent >= c:
+            return top_lp[d - 1, j].item()
+        if j < c:
+            return paths[d - 2, parent, j].item()
+        left = math.log(1 - paths[d - 2, parent].exp().sum().item()) - math.log(1 - top_lp[d - 1, :c].exp().sum().item())
+        return top_lp[d - 1, j].item() + left
+    scored = {}
+    for d in range(1, depths + 1):
+        for cols in itertools.product(range(k), repeat=d):
+            s = sum(lp(i + 1, cols[i - 1] if i else 0, cols[i]) for i in range(d))
+            scored[tuple(top_tok[i, cols[i]].item() for i in range(d))] = s
+    best = sorted(scored.items(), key=lambda kv: -kv[1])[:budget]
+    return {path: pytest.approx(s, abs=1e-5) for path, s in best}
+
+
+@pytest.mark.parametrize("depths,vocab,c", [(1, 5, 3), (3, 6, 3), (3, 7, 2)])
+@pytest.mark.parametrize("budget", [1, 4, 11, 40])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_path_tail_prefix_equals_brute_force(depths, vocab, c, budget, seed):
+    logp, paths = random_tables(depths, vocab, c, seed)
+    tree = path_tail_prefix(logp, budget, root=99, paths=paths)
+    want = ref_path_tail_prefix(logp, paths, budget)
+    assert tree.tokens[0] == 99 and tree.budget == len(want)
+    assert tree_paths(tree) == want
+
+
+def test_path_tail_prefix_under_a_zero_correction_is_best_prefix():
+    """Rows that are the head's own on the candidates leave no mass to move: at every budget, DDTree's tree."""
+    logp = torch.log_softmax(torch.randn(4, 9, generator=torch.Generator().manual_seed(4)) * 2, -1)
+    top = logp.topk(3, -1).values
+    paths = top[1:, None, :].expand(3, 3, 3).clone()
+    for budget in (2, 5, 20, 60):
+        a, b = path_tail_prefix(logp, budget, 5, paths=paths), best_prefix(logp, budget, 5)
+        assert tree_paths(a) == pytest.approx(tree_paths(b), abs=1e-5)
 
 
 def tree_paths(tree):
@@ -129,16 +175,17 @@ def tiny_head(target, draft_vocab=0, dtype=torch.float32):
 PROMPTS = [[5, 17, 300, 301, 302], [1, 9, 9, 9, 9, 9, 9, 9]]
 
 
+@pytest.mark.parametrize("builder", ["path_prefix", "path_tail_prefix"])
 @pytest.mark.parametrize("draft_vocab,dtype", [(0, torch.float32), (300, torch.bfloat16)])
-def test_path_prefix_proposer_is_lossless(tiny_target, draft_vocab, dtype):
+def test_path_prefix_proposer_is_lossless(tiny_target, draft_vocab, dtype, builder):
     head = tiny_head(tiny_target, draft_vocab, dtype)
-    proposer = HeadProposer(head, tiny_target, "path_prefix", correction=random_correction(head.config.hidden_size))
+    proposer = HeadProposer(head, tiny_target, builder, correction=random_correction(head.config.hidden_size))
     for ids in PROMPTS:
         res = generate(tiny_target, torch.tensor(ids), proposer, budget=9, max_new_tokens=16)
         out = tiny_target.model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
         assert res.tokens == out[0, len(ids):].tolist()[:len(res.tokens)] and len(res.tokens) >= 1
     with pytest.raises(ValueError, match="train-correction"):
-        generate(tiny_target, torch.tensor(PROMPTS[0]), HeadProposer(head, tiny_target, "path_prefix"), budget=4)
+        generate(tiny_target, torch.tensor(PROMPTS[0]), HeadProposer(head, tiny_target, builder), budget=4)
 
 
 def test_table_size_grows_with_the_budget():
@@ -147,11 +194,12 @@ def test_table_size_grows_with_the_budget():
     assert module.table_size(None) == 64 and random_correction(8, candidates=8).table_size(255) == 8
 
 
+@pytest.mark.parametrize("builder", ["path_prefix", "path_tail_prefix"])
 @pytest.mark.parametrize("merged,c", [(False, 8), (True, 8), (False, 40)])
-def test_replayed_rounds_equal_decoded_rounds(tiny_target, merged, c):
+def test_replayed_rounds_equal_decoded_rounds(tiny_target, merged, c, builder):
     """With C = 40 the two budgets take tables of different sizes (C' = 32 and 40), in decode and replay."""
     head = tiny_head(tiny_target)
-    proposer = HeadProposer(head, tiny_target, "path_prefix",
+    proposer = HeadProposer(head, tiny_target, builder,
                             correction=random_correction(head.config.hidden_size, candidates=c))
     lookup = LookupMerged(proposer) if merged else None
     prompts = [{"id": "a", "prompt": "Count to five."}, {"id": "c", "prompt": "one two one two one two one two"}]
@@ -163,7 +211,7 @@ def test_replayed_rounds_equal_decoded_rounds(tiny_target, merged, c):
         for budget in budgets:
             real = generate(tiny_target, torch.tensor(trace.prompt_ids), lookup or proposer, budget=budget,
                             max_new_tokens=20).rounds
-            walked = rp.walk(table, trace, tree_builder("path_prefix"), budget, tiny_target.eos_ids, lookup,
+            walked = rp.walk(table, trace, tree_builder(builder), budget, tiny_target.eos_ids, lookup,
                              paths=proposer.correction.table_size(budget))
             assert [r.tree.tokens.tolist() for r in walked] == [r.tree.tokens.tolist() for r in real]
             assert [r.committed for r in walked] == [r.committed for r in real]
