@@ -164,19 +164,24 @@ def sampling(results: Path, runs: Sequence[tuple[str, str]] = SAMPLING) -> str:
     return _md(["dataset", "method", "budget", *(f"tau, {label}" for label in by_run)], body)
 
 
-def correction_gain(results: Path, name: str = "cpu-replay-correction") -> str:
-    """Replayed tau of the path-corrected builder (jetflow-pc) beside the same builder without the
-    correction (jetflow-bp) and DDTree, per dataset and budget, with both ratios."""
+def correction_gain(results: Path, name: str = "cpu-replay-correction",
+                    corrected: Sequence[str] = ("jetflow-pc", "jetflow-pcx")) -> str:
+    """Replayed tau of the path-corrected builders (jetflow-pc, jetflow-pcx) beside the same best-prefix
+    builder without the correction (jetflow-bp) and DDTree, per dataset and budget, with each one's ratio
+    to both (a builder missing from the rows is left out)."""
     rows = load(results, name)
+    mine = [m for m in corrected if any(r["method"] == m for r in rows)]
     body = []
     for ds in dict.fromkeys(r["dataset"] for r in rows):
         for b in sorted({r["budget"] for r in rows}):
             tau = {r["method"]: r["tau"] for r in rows if r["dataset"] == ds and r["budget"] == b}
             ratio = lambda a, c: f"{tau[a] / tau[c]:.3f}x" if a in tau and c in tau else "-"
             body.append([DATASET_NAMES.get(ds, ds), str(b), *(f"{tau[m]:.2f}" if m in tau else "-"
-                         for m in ("ddtree", "jetflow-bp", "jetflow-pc")), ratio("jetflow-pc", "jetflow-bp"),
-                         ratio("jetflow-pc", "ddtree")])
-    return _md(["dataset", "budget", "ddtree", "jetflow-bp", "jetflow-pc", "pc / bp", "pc / ddtree"], body)
+                         for m in ("ddtree", "jetflow-bp", *mine)),
+                         *(ratio(m, c) for m in mine for c in ("jetflow-bp", "ddtree"))])
+    short = lambda m: m.removeprefix("jetflow-")
+    return _md(["dataset", "budget", "ddtree", "jetflow-bp", *mine,
+                *(f"{short(m)} / {short(c)}" for m in mine for c in ("jetflow-bp", "ddtree"))], body)
 
 
 def decoded(results: Path, names: Sequence[str], dataset: str) -> str:
@@ -342,6 +347,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "train-throughput": train_throughput,
     "replay-correction": correction_gain,
     "replay-stop": lambda res: stop_vs_fixed(res, "cpu-replay-stop"),
+    "sampling": sampling,
 }
 
 
