@@ -266,16 +266,18 @@ def _median_ms(fn, reps: int) -> float:
 
 @torch.no_grad()
 def correction_cost(cfg: CostConfig) -> list[dict]:
-    """Per budget, median ms of the head pass, the path table, ``path_prefix`` against ``best_prefix`` on the
-    same log-probs, and one verify pass of the built tree; the correction's cost is the table plus the
-    builder's difference, also as a fraction of the verify pass. All timed in one process, interleaved."""
+    """Per budget, median ms of the head pass, the path table (C' = ``correction.table_size(budget)``),
+    ``path_prefix`` and ``path_tail_prefix`` against ``best_prefix`` on the same log-probs, and one verify
+    pass of the ``path_prefix`` tree; the correction's cost is the table plus the builder's difference
+    (``jetflow-pc``; ``_pcx``: ``jetflow-pcx``), also as a fraction of the verify pass. All timed in one
+    process, interleaved."""
     from .data import load_prompts
     from .decode import verify_step
     from .target import keep_path
     from .proposers import make_proposer
     from .provenance import environment
     from .target import load_target
-    from .tree import best_prefix, path_prefix
+    from .tree import best_prefix, path_prefix, path_tail_prefix
     target = load_target(None, dtype=cfg.dtype)
     proposer = make_proposer("jetflow-pc", target)
     if proposer.correction is None:
@@ -301,22 +303,27 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
             ms = {"head_ms": _median_ms(lambda: proposer.head.draft_block(state.head, anchor, proposer.embed), cfg.reps),
                   "table_ms": _median_ms(lambda: proposer.paths(hidden, logp, budget=b), cfg.reps),
                   "build_pc_ms": _median_ms(lambda: path_prefix(logp, b, anchor, paths), cfg.reps),
+                  "build_pcx_ms": _median_ms(lambda: path_tail_prefix(logp, b, anchor, paths), cfg.reps),
                   "build_bp_ms": _median_ms(lambda: best_prefix(logp, b, anchor), cfg.reps),
                   "verify_ms": _median_ms(verify, max(3, cfg.reps // 4))}
             ms["correction_ms"] = ms["table_ms"] + ms["build_pc_ms"] - ms["build_bp_ms"]
-            rows.append({"prompt": p["id"], "budget": b, "candidates": paths.shape[-1], **ms, "correction_over_verify": ms["correction_ms"] / ms["verify_ms"],
-                         **env})
+            ms["correction_pcx_ms"] = ms["table_ms"] + ms["build_pcx_ms"] - ms["build_bp_ms"]
+            rows.append({"prompt": p["id"], "budget": b, "candidates": paths.shape[-1], **ms,
+                         "correction_over_verify": ms["correction_ms"] / ms["verify_ms"],
+                         "correction_pcx_over_verify": ms["correction_pcx_ms"] / ms["verify_ms"], **env})
     return rows
 
 
 def cost_markdown(rows: list[dict]) -> str:
     """Median over prompts of each step's ms per budget, and the correction's share of a verify pass."""
-    keys = ("head_ms", "table_ms", "build_bp_ms", "build_pc_ms", "correction_ms", "verify_ms", "correction_over_verify")
+    keys = ("head_ms", "table_ms", "build_bp_ms", "build_pc_ms", "build_pcx_ms", "correction_ms", "correction_pcx_ms",
+            "verify_ms", "correction_over_verify", "correction_pcx_over_verify")
     lines = ["| budget | C' | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
     for b in sorted({r["budget"] for r in rows}):
         mine = [r for r in rows if r["budget"] == b]
         med = {k: sorted(r[k] for r in mine)[len(mine) // 2] for k in keys}
-        lines.append(f"| {b} | {mine[0].get('candidates', '-')} | " + " | ".join(f"{med[k]:.3f}" if k == keys[-1] else f"{med[k]:.2f}" for k in keys) + " |")
+        lines.append(f"| {b} | {mine[0].get('candidates', '-')} | " + " | ".join(
+            f"{med[k]:.3f}" if k.endswith("over_verify") else f"{med[k]:.2f}" for k in keys) + " |")
     hw = rows[0]["hardware"] if rows else ""
     return "\n".join(lines) + (f"\n\nms per round step, median over {len({r['prompt'] for r in rows})} GSM8K prompts "
                                f"(each step the median of its repetitions), one process; {hw}\n")
