@@ -273,11 +273,13 @@ def test_save_and_load(tmp_path):
 
 
 def test_shipped_correction_is_lossless_on_the_embedded_target(smol):
-    """``jetflow-pc`` with the correction shipped beside the causal head: greedy == transformers' generate."""
-    proposer = make_proposer("jetflow-pc", smol, draft_dtype=torch.float32)
-    assert proposer.correction is not None
+    """``jetflow-pc`` and ``jetflow-pcx`` (which differs from it above C' only, so at 128) with the correction
+    shipped beside the causal head: greedy == transformers' generate."""
     prompt = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
     ids = smol.encode(prompt)
     ref = smol.model.generate(ids[None], max_new_tokens=40, do_sample=False)[0, ids.numel():].tolist()
-    for budget in (8, 64):
-        assert generate(smol, prompt, proposer, budget=budget, max_new_tokens=40).tokens == ref
+    for name, budgets in (("jetflow-pc", (8, 64)), ("jetflow-pcx", (128,))):
+        proposer = make_proposer(name, smol, draft_dtype=torch.float32)
+        assert proposer.correction is not None and proposer.correction.config.candidates == 64
+        for budget in budgets:
+            assert generate(smol, prompt, proposer, budget=budget, max_new_tokens=40).tokens == ref
