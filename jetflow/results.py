@@ -90,7 +90,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # make sampling, beyond the paper: decoded tau of the best causal-head method and DDTree, greedy and
     # sample-and-match at T = 0.7 and 1.0 (prompt i sampled with seed i), fp32 so greedy equals AR; tau only
     *(Entry(f"cpu-sampling-{label}", ("bench", "--methods", "ar,jetflow-pcx,ddtree", "--budgets", "32", "--datasets",
-                                      "gsm8k,math500", "--limit", "5", "--max-new-tokens", "128", "--dtype", "float32",
+                                      "gsm8k,math500", "--limit", "4", "--max-new-tokens", "128", "--dtype", "float32",
                                       "--temperature", t), "sampling", 1)
       for label, t in (("greedy", "0"), ("t0.7", "0.7"), ("t1.0", "1.0"))),
     Entry("cpu-replay-tau-merged", ("replay", "--methods", "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup",
