@@ -107,11 +107,6 @@ correction: $(STAMP)
 	    --max-seqs 0 --epochs 5
 	$(PY) -m jetflow results cpu-correction-cost
 
-# Beyond the paper (issue 19, item 5): decoded tau under sample-and-match at T = 0.7 and 1.0 beside greedy (fp32)
-.PHONY: sampling
-sampling: $(STAMP)
-	for r in cpu-sampling-greedy cpu-sampling-t0.7 cpu-sampling-t1.0; do OMP_NUM_THREADS=1 $(PY) -m jetflow results $$r || exit 1; done
-
 .PHONY: heads
 heads: $(STAMP)
 	mkdir -p $(HEADS_WORK)

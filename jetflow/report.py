@@ -347,7 +347,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "train-throughput": train_throughput,
     "replay-correction": correction_gain,
     "replay-stop": lambda res: stop_vs_fixed(res, "cpu-replay-stop"),
-    "sampling": sampling,
 }
 
 

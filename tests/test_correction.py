@@ -283,3 +283,14 @@ def test_shipped_correction_is_lossless_on_the_embedded_target(smol):
         assert proposer.correction is not None and proposer.correction.config.candidates == 64
         for budget in budgets:
             assert generate(smol, prompt, proposer, budget=budget, max_new_tokens=40).tokens == ref
+
+
+@pytest.mark.parametrize("builder", ["path_prefix", "path_tail_prefix"])
+def test_sampling_with_the_path_builders_matches_the_target_distribution(small_vocab_target, builder):
+    """Sample-and-match over path-corrected trees (C = 3 of 6 tokens, so path_tail_prefix drafts past the
+    candidates) keeps the target's distribution."""
+    from test_decode import assert_samples_match
+    target, ids, n_samples, temperature = small_vocab_target, [1, 2, 3, 1, 2], 800, 0.7
+    head = build_head(TrainConfig(block_size=4, num_layers=1), target).eval()
+    proposer = HeadProposer(head, target, builder, correction=random_correction(head.config.hidden_size, candidates=3))
+    assert_samples_match(target, ids, proposer, temperature, n_samples)
