@@ -507,17 +507,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
     from accelerate.utils import set_seed
     if not cfg.out:
         raise ValueError("TrainConfig.out (--out) must name an output directory")
-    files = data_files(cfg.data, cfg.parts)
-    per_file = [load_regenerated(f) for f in files]
-    rows = [r for part in per_file for r in part]
-    n0 = len(per_file[0])  # held out: the first file's last eval_seqs rows (the same for every --parts)
-    if n0 <= cfg.eval_seqs:
-        raise ValueError(f"{files[0]} has {n0} sequences; need more than eval_seqs={cfg.eval_seqs}")
-    held = range(n0 - cfg.eval_seqs, n0)
-    train_rows = [i for i in range(len(rows)) if i not in held]
-    indexed = indexed_sequences(rows, train_rows, cfg.max_len)
-    if not indexed:
-        raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
+    files, rows, held, indexed = split_data(cfg)
     accelerator = Accelerator(step_scheduler_with_optimizer=False)  # one global step = one scheduler step
     check_launch(accelerator)
     if cfg.seqs_per_step % accelerator.num_processes:
@@ -525,7 +515,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
                          f"processes ({accelerator.num_processes})")
     set_seed(cfg.seed)
     target = target or load_target(cfg.model, dtype=cfg.dtype, device=str(accelerator.device))
-    training = [rows[i] for i in train_rows]
+    training = [r for i, r in enumerate(rows) if i not in held]  # the draft vocabulary's rows
     head = build_head(cfg, target, training)
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.steps, cfg.warmup))
@@ -536,6 +526,22 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
                       data_sha256=files_sha256(files))
     run.out.mkdir(parents=True, exist_ok=True)
     return run, rows
+
+
+def split_data(cfg: TrainConfig) -> tuple[list[Path], list[dict], range, list]:
+    """(data files, all their rows, the held-out row numbers, the indexed training sequences): held out are
+    the first file's last eval_seqs rows (the same for every --parts), trained on the rest that keep an anchor."""
+    files = data_files(cfg.data, cfg.parts)
+    per_file = [load_regenerated(f) for f in files]
+    rows = [r for part in per_file for r in part]
+    n0 = len(per_file[0])
+    if n0 <= cfg.eval_seqs:
+        raise ValueError(f"{files[0]} has {n0} sequences; need more than eval_seqs={cfg.eval_seqs}")
+    held = range(n0 - cfg.eval_seqs, n0)
+    indexed = indexed_sequences(rows, [i for i in range(len(rows)) if i not in held], cfg.max_len)
+    if not indexed:
+        raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
+    return files, rows, held, indexed
 
 
 def taps_source(cfg: TrainConfig, target, files: list[Path], head: DraftHead):
