@@ -178,7 +178,8 @@ class RegenerateConfig:
     """``python -m jetflow regenerate``: the target answers training prompts (resumable)."""
     n: int = option(3000, "training prompts to answer (0: the whole pool, every source in full)")
     chunks: int = option(1, "answer the prompts as this many files, one after another (each a random part; "
-                            "the first k of them are the first k/chunks of the data)")
+                            "the first k of them are the first k/chunks of the data); processes started side "
+                            "by side share them, each skipping a part another one is writing")
     out: str | None = option(None, "the JSONL to append to (default: the jetflow cache's regen-N.jsonl)")
     batch_size: int = option(16, "prompts per left-padded batch")
     max_new_tokens: int = option(192, "new tokens per answer")
@@ -212,7 +213,7 @@ def regenerate_command(cfg: RegenerateConfig, out: Path) -> str:
 
 
 def cmd_regenerate(args) -> int:
-    from . import checks
+    from . import checks, jsonl
     from .data import chunk, regenerate, training_pool, training_prompts
     from .target import load_target
     cfg = RegenerateConfig(**given(args, RegenerateConfig))
@@ -230,14 +231,25 @@ def cmd_regenerate(args) -> int:
         (lambda: training_prompts(cfg.n, seed=cfg.seed, data_dir=cfg.data_dir))
     prompts = checks.prompt_source(draw)
     target = load_target(cfg.model, dtype=cfg.dtype)
+    busy = []
     for index, path in enumerate(files):
         part = {"chunk": index, "chunks": cfg.chunks} if cfg.chunks > 1 else {}
-        regenerate(target, chunk(prompts, index, cfg.chunks), path, batch_size=cfg.batch_size,
-                   max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
-                   settings={"seed": cfg.seed, "n": cfg.n} | part)
+        try:
+            regenerate(target, chunk(prompts, index, cfg.chunks), path, batch_size=cfg.batch_size,
+                       max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
+                       settings={"seed": cfg.seed, "n": cfg.n} | part)
+        except jsonl.Busy:
+            if cfg.chunks == 1:
+                raise
+            busy.append(path.name)  # several processes share the parts: each takes the next free one
+            print(f"{path.name} is being written by another process: on to the next part", flush=True)
+            continue
         meta = path.with_name(path.name + ".meta.json")  # read by training provenance
         meta.write_text(json.dumps({"command": regenerate_command(cfg, out)}) + "\n")
         print(path, flush=True)
+    if busy:
+        print(f"left to the other process(es): {', '.join(busy)}; rerun this command once they are done to check "
+              "every part is complete", flush=True)
     return 0
 
 

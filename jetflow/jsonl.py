@@ -76,11 +76,15 @@ def append(path: str | os.PathLike, rows: Iterable[Mapping]) -> None:
         os.fsync(f.fileno())
 
 
+class Busy(ValueError):
+    """``path`` is being written by another process (its lock is held)."""
+
+
 @contextlib.contextmanager
 def locked(path: str | os.PathLike) -> Iterator[Path]:
     """Hold an exclusive lock on ``path`` (a file or a folder) while the block runs, through a
-    ``.lock`` file beside a file or inside a folder. A second writer fails at once with a ValueError
-    naming the path, instead of interleaving its lines with the first one's. The lock goes with the
+    ``.lock`` file beside a file or inside a folder. A second writer fails at once with ``Busy`` (a
+    ValueError) naming the path, instead of interleaving its lines with the first one's. The lock goes with the
     process, so a killed job never leaves a stale lock behind."""
     path = Path(path)
     lock_path = path / ".lock" if path.is_dir() else path.with_name(path.name + ".lock")
@@ -90,7 +94,7 @@ def locked(path: str | os.PathLike) -> Iterator[Path]:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        raise ValueError(f"{path} is being written by another process (lock {lock_path}); wait for it to "
+        raise Busy(f"{path} is being written by another process (lock {lock_path}); wait for it to "
                          "finish or choose another output") from None
     try:
         yield path

@@ -100,3 +100,24 @@ def test_a_part_refuses_other_settings(tiny, tmp_path):
 def test_the_command_names_the_chunks():
     cmd = regenerate_command(replace(RegenerateConfig(), n=0, chunks=8, max_new_tokens=256), data_mod.Path("/x/all"))
     assert cmd.startswith("python -m jetflow regenerate --n 0 --chunks 8 --out all ")
+
+
+def test_side_by_side_processes_share_the_parts(tiny, tmp_path, capsys):
+    """A part another process holds is skipped, not refused: the run does the others and says which it left."""
+    out = tmp_path / "all"
+    files = chunk_files(out, 3)
+    out.mkdir()
+    with jsonl.locked(files[1]):  # another regenerate is writing part 1
+        assert regen(out) == 0
+    assert files[0].is_file() and files[2].is_file() and not files[1].exists()
+    assert not files[1].with_name(files[1].name + ".meta.json").exists()
+    assert "left to the other process(es): part-01-of-03.jsonl" in capsys.readouterr().out
+    assert regen(out) == 0  # the lock is free again: the rerun fills in part 1 and leaves the rest alone
+    assert {r["id"] for r in load_regenerated(files[1])} == {p["id"] for p in chunk(training_pool(data_dir="fixtures"), 1, 3)}
+
+
+def test_one_file_held_by_another_process_is_refused(tiny, tmp_path):
+    out = tmp_path / "one.jsonl"
+    with jsonl.locked(out):
+        assert main(["regenerate", "--n", "4", "--out", str(out), "--max-new-tokens", "2"]) == 2
+    assert not out.exists()
