@@ -10,7 +10,8 @@ shipped heads' settings (loss ce, cached taps, 64 anchors, 2 sequences per step,
 from scratch (the target's embedding-initialised head), for the same number of passes over the training
 sequences: ``steps = ceil(passes * sequences / seqs_per_step)``, so the response tokens seen scale with k.
 Each point is a head directory under ``work`` (``{head}-k{k}``, resumable: training resumes from its
-checkpoint) and its replay rows (``replay.json``, written once); a point whose parts are still being
+checkpoint) and its replay rows (``replay.json``, reused while the training command and the replay
+settings are the same); a point whose parts are still being
 regenerated (no ``.meta.json`` beside a part yet) is skipped and the rest are written, so rerunning the same
 command later adds the missing points. The taps of the parts a point needs are cached first (resumable).
 """
@@ -105,16 +106,21 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
     from .replay import replay
     from .taps import build_all, cache_for, default_dir
     from .train import train
-    saved = point_dir(cfg, k, head) / "replay.json"
-    if saved.is_file():
-        return json.loads(saved.read_text())
+    from .train import command_for
     layers = _layers(target)
     root = default_dir(cfg.data, target.name, layers)
+    tcfg = train_config(cfg, k, head, root)
+    out = Path(tcfg.out)
+    saved = out / "replay.json"
+    if saved.is_file():
+        rows = json.loads(saved.read_text())
+        asked = {(d, b) for d in cfg.datasets for b in cfg.budgets}
+        if all(_same_settings(r, cfg, command_for(tcfg)) for r in rows) and \
+                {(r["dataset"], r["budget"]) for r in rows} == asked:
+            return rows
     files = data_files(cfg.data, k)
     build_all(target, files, [cache_for(root, f, True) for f in files], layers=layers, max_len=TAPS_MAX_LEN,
               progress=progress)
-    tcfg = train_config(cfg, k, head, root)
-    out = Path(tcfg.out)
     train(tcfg, target, progress=progress)
     prov = json.loads((out / "provenance.json").read_text())
     history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
@@ -125,10 +131,17 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
              "train_sequences": prov["data"]["train_sequences"], "steps": tcfg.steps, "passes": cfg.passes,
              "response_tokens_seen": prov["tokens"]["response_tokens"],
              "supervised_slots": prov["tokens"]["supervised_slots"], "heldout_sim_tau": last["sim_tau"],
-             "heldout_acc1": last["acc"][0], "train_command": prov["command"]}
+             "heldout_acc1": last["acc"][0], "train_command": prov["command"], "max_new_tokens": cfg.max_new_tokens}
     rows = [r | extra for r in rows]
     saved.write_text(json.dumps(rows, indent=1) + "\n")
     return rows
+
+
+def _same_settings(row: dict, cfg: CurveConfig, command: str) -> bool:
+    """Whether a saved replay row answers this config: the same training command and replay settings
+    (otherwise the point is replayed again; training itself refuses a checkpoint of another config)."""
+    return (row.get("train_command") == command and row.get("max_new_tokens") == cfg.max_new_tokens
+            and row["n_prompts"] == cfg.limit and row["dataset"] in cfg.datasets and row["budget"] in cfg.budgets)
 
 
 def _layers(target) -> tuple[int, ...]:

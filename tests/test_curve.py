@@ -73,6 +73,7 @@ def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys
     assert table == to_markdown(rows) and table.count("| jetflow | gsm8k |") == 2 and "1/3" in table and "2/3" in table
     assert "plotly" in (out / curve.PLOT).read_text()
     # rerunning trains and replays only the points not done yet: here the one whose part has since finished
+    import jetflow.replay
     import jetflow.train
     trained, real_train = [], jetflow.train.train
     monkeypatch.setattr(jetflow.train, "train", lambda c, *a, **k: trained.append((c.parts, c.causal)) or real_train(c, *a, **k))
@@ -81,6 +82,13 @@ def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys
     write_part(folder, 2, 5)  # part 2 of 3 is whole now; --parts 4 still waits
     more = run(replace(cfg, parts=(1, 2, 3, 4)), tiny_target, tiny_target, progress=False)
     assert trained == [(3, True), (3, False)] and {r["parts"] for r in more} == {1, 2, 3}
+    replayed, real_replay = [], jetflow.replay.replay
+    monkeypatch.setattr(jetflow.replay, "replay", lambda *a, **k: replayed.append(a[3]) or real_replay(*a, **k))
+    state = tmp_path / "work" / "causal-k1" / "checkpoint" / "train_state.json"
+    before = state.stat().st_mtime_ns
+    fewer = run(replace(cfg, parts=(1,), budgets=(8,)), tiny_target, tiny_target, progress=False)
+    assert replayed == [(8,), (8,)] and state.stat().st_mtime_ns == before  # other budgets: replayed, not retrained
+    assert {r["budget"] for r in fewer} == {8}
     drop = lambda rs: [{k: v for k, v in r.items() if k != "curve"} for r in json.loads(json.dumps(list(rs)))]
     assert drop(r for r in more if r["parts"] < 3) == drop(rows)  # the earlier points' rows as they were
 
