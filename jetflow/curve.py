@@ -105,8 +105,7 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
     """Train (or resume) one point's head, then replay it once (``replay.json``). -> its rows."""
     from .replay import replay
     from .taps import build_all, cache_for, default_dir
-    from .train import train
-    from .train import command_for
+    from .train import command_for, train
     layers = _layers(target)
     root = default_dir(cfg.data, target.name, layers)
     tcfg = train_config(cfg, k, head, root)
@@ -127,7 +126,7 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
     last = history[-1]
     kind = "jetflow" if tcfg.causal else "dflash"
     rows = replay(fp32_target, HEADS[head][1], traces, cfg.budgets, heads={kind: str(out)}, progress=progress)
-    extra = {"head": head, "parts": k, "of_parts": len(sorted(Path(cfg.data).glob("part-*-of-*.jsonl"))),
+    extra = {"head": head, "parts": k,
              "train_sequences": prov["data"]["train_sequences"], "steps": tcfg.steps, "passes": cfg.passes,
              "response_tokens_seen": prov["tokens"]["response_tokens"],
              "supervised_slots": prov["tokens"]["supervised_slots"], "heldout_sim_tau": last["sim_tau"],
@@ -168,7 +167,8 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
     traces = {ds: ar_traces(fp32_target, ps, cfg.max_new_tokens, dataset=ds, progress=progress,
                             cache=cache_dir() / "replay" / f"ar-{fp32_target.name.replace('/', '--')}-{ds}.jsonl")
               for ds, ps in prompts.items()}
-    rows = [r | {"curve": asdict(cfg) | {"data": portable_path(cfg.data), "out": Path(cfg.out).name,
+    of_parts = int(data_files(cfg.data)[0].stem.rsplit("-of-", 1)[1])  # part-KK-of-NN: NN, however many exist yet
+    rows = [r | {"of_parts": of_parts, "curve": asdict(cfg) | {"data": portable_path(cfg.data), "out": Path(cfg.out).name,
                                           "work": None if cfg.work is None else portable_path(cfg.work)}}
             for k in todo for head in cfg.heads
             for r in point(cfg, k, head, target, fp32_target, traces, progress=progress)]
