@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|pack|unpack|taps|train|bench|replay|profile|train-correction|correction-cost|diagnose|cost|speed|throughput|report|results``.
+"""Command line: ``python -m jetflow demo|generate|regenerate|pack|unpack|taps|train|bench|replay|profile|train-correction|correction-cost|diagnose|cost|speed|throughput|curve|report|results``.
 
 The flags of ``regenerate``, ``taps``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
@@ -559,6 +559,23 @@ def add_throughput(sub) -> None:
     t.set_defaults(func=cmd_throughput)
 
 
+def cmd_curve(args) -> int:
+    from . import checks, curve
+    cfg = curve.CurveConfig(**given(args, curve.CurveConfig))
+    checks.writable_dir(cfg.out, "--out")
+    checks.data_source(cfg.data_dir)
+    rows = curve.run(cfg)
+    print(curve.to_markdown(rows))
+    return 0
+
+
+def add_curve(sub) -> None:
+    from .curve import CurveConfig
+    c = sub.add_parser("curve", help="replayed tau against training data (k parts)")
+    add_flags(c, CurveConfig)
+    c.set_defaults(func=cmd_curve)
+
+
 def add_gpu_check(sub) -> None:
     from .gpu_check import add_gpu_check as add
     add(sub)
@@ -572,8 +589,8 @@ def add_speed(sub) -> None:
 
 
 SUBCOMMANDS = [add_demo, add_generate, add_regenerate, add_pack, add_taps, add_train, add_bench, add_replay, add_profile,
-               add_train_correction, add_correction_cost, add_diagnose, add_cost, add_speed, add_throughput, add_report,
-               add_results, add_gpu_check]
+               add_train_correction, add_correction_cost, add_diagnose, add_cost, add_speed, add_throughput, add_curve,
+               add_report, add_results, add_gpu_check]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .blockwise import BlockwiseMask, blockwise_attention, blockwise_mask
 from .target import tap_layers
 
 
@@ -172,10 +173,13 @@ class Attention(nn.Module):
         return k, self._heads(self.v_proj(x))
 
     def forward(self, x, positions, ctx_kv, mask) -> torch.Tensor:
-        """x (B, Q, H) block rows, ctx_kv (B, kv_heads, T, d) x2, mask (B|1, Q, T+Q) -> (B, Q, H)."""
+        """x (B, Q, H) block rows, ctx_kv (B, kv_heads, T, d) x2, mask (B|1, Q, T+Q) -> (B, Q, H); or,
+        with a ``BlockwiseMask``, x holds B = A separate blocks over one context (ctx_kv (1, ...))."""
         B, Q, _ = x.shape
         q = rope(self.q_norm(self._heads(self.q_proj(x))), positions, self.c.rope_theta)  # (B, h, Q, d)
         k_blk, v_blk = self.kv(x, positions)
+        if isinstance(mask, BlockwiseMask):
+            return self.o_proj(blockwise_attention(q, k_blk, v_blk, ctx_kv, mask).transpose(1, 2).reshape(B, Q, -1))
         groups = self.c.num_heads // self.c.num_kv_heads  # GQA: kv head i serves q heads i*g..i*g+g-1
         k = torch.cat([ctx_kv[0], k_blk], dim=2).repeat_interleave(groups, dim=1)  # (B, h, T+Q, d)
         v = torch.cat([ctx_kv[1], v_blk], dim=2).repeat_interleave(groups, dim=1)
@@ -273,11 +277,18 @@ class DraftHead(nn.Module):
         ids[:, 0] = anchor_ids.to(embed_weight.device)
         return F.embedding(ids, embed_weight)
 
-    def blocks(self, x: torch.Tensor, anchors: torch.Tensor, ctx_kv, n_ctx: int) -> torch.Tensor:
+    def blocks(self, x: torch.Tensor, anchors: torch.Tensor, ctx_kv, n_ctx: int, blockwise: bool = False
+               ) -> torch.Tensor:
         """x (A, Q, H) block rows of the blocks anchored at positions anchors (A,), over the per-layer
-        context K/V of ``n_ctx`` rows -> final states (A, D, H) of slots 1..D (head dtype)."""
+        context K/V of ``n_ctx`` rows -> final states (A, D, H) of slots 1..D (head dtype). The A blocks
+        run as one packed row of A*Q queries under ``training_mask`` (one fused attention kernel, memory
+        linear in A*Q: the decoding and replay path), or with ``blockwise`` as A rows of Q queries under
+        ``blockwise_mask`` (attention work A*Q*(n_ctx+Q) instead of A*Q*(n_ctx+A*Q): training on CPU)."""
         a, q, device = anchors.numel(), self.config.block_size, self.fc.weight.device
         anchors = anchors.to(device)
+        if blockwise:
+            mask = blockwise_mask(anchors, n_ctx, q, self.config.causal)
+            return self(x.to(device, self.dtype), block_positions(anchors, q).view(a, q), ctx_kv, mask)[:, 1:]
         mask = training_mask(anchors, n_ctx, q, self.config.causal)[None]               # (1, A*Q, n_ctx+A*Q)
         hidden = self(x.reshape(1, a * q, -1).to(device, self.dtype), block_positions(anchors, q)[None], ctx_kv, mask)
         return hidden.view(a, q, -1)[:, 1:]
@@ -288,12 +299,14 @@ class DraftHead(nn.Module):
         x = self.block_inputs(torch.tensor([anchor_token]), embed_weight)
         return self.blocks(x, torch.tensor([state.n_ctx]), state.kv, state.n_ctx)[0]
 
-    def sequence_blocks(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    def sequence_blocks(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor, blockwise: bool = False
+                        ) -> torch.Tensor:
         """Training and replay: every block of one sequence in one pass. taps (S, L, H) of the whole
-        sequence, block rows x (A, Q, H) (``block_inputs``), anchors (A,) -> (A, D, H)."""
+        sequence, block rows x (A, Q, H) (``block_inputs``), anchors (A,) -> (A, D, H); ``blockwise``
+        as in ``blocks`` (the same states up to float rounding)."""
         n = taps.shape[0]
         ctx_kv = self.context_kv(self.fuse(taps[None]), torch.arange(n, device=taps.device)[None])
-        return self.blocks(x, anchors, ctx_kv, n)
+        return self.blocks(x, anchors, ctx_kv, n, blockwise)
 
     def save_pretrained(self, directory, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (published layout, ``jetflow.checkpoint.save``)."""

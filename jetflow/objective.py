@@ -54,6 +54,46 @@ def slot_losses(logits: torch.Tensor, pos: torch.Tensor, kind: str, ids: torch.T
     return (p * logp).sum(-1)[pos - 1] - (p[pos - 1] * logq).sum(-1)
 
 
+def weighted_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted mean cross-entropy of the counted slots alone: logits (N, K), target columns (N,),
+    depth weights (N,). Equals ``masked_mean(slot_losses(..., "ce"), valid, w)`` over the A*D slots
+    whose N valid ones these are, without a log-softmax over the slots that do not count."""
+    return (_ChunkedCE.apply(logits, targets) * weights).sum() / weights.sum().clamp(min=1e-12)
+
+
+class _ChunkedCE(torch.autograd.Function):
+    """Per-row cross-entropy (N,) of logits (N, K) in fp32 math, ``CE_ROWS`` rows at a time: neither
+    direction materialises an fp32 (N, K) copy of bf16 logits, a log-softmax or a one-hot, and the
+    gradient (softmax - onehot) comes back in the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        lse = torch.cat([_logsumexp(chunk) for chunk in logits.split(CE_ROWS)]) if len(logits) else \
+            logits.new_zeros(0, dtype=torch.float32)                                     # (N,)
+        ctx.save_for_backward(logits, targets, lse)
+        return lse - logits.gather(1, targets[:, None])[:, 0].float()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, targets, lse = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        for start in range(0, len(logits), CE_ROWS):
+            rows = slice(start, start + CE_ROWS)
+            p = logits[rows].to(torch.float32, copy=True).sub_(lse[rows, None]).exp_()  # softmax of the rows
+            p[torch.arange(p.shape[0], device=p.device), targets[rows]] -= 1
+            out[rows] = p.mul_(grad[rows, None])
+        return out, None
+
+
+CE_ROWS = 128  # rows of (rows, K) fp32 scratch: 4 MB at K = 8192, inside a core's L2
+
+
+def _logsumexp(x: torch.Tensor) -> torch.Tensor:
+    x = x.float()
+    top = x.amax(-1, keepdim=True)
+    return (x - top).exp_().sum(-1).log_().add_(top[:, 0])
+
+
 def masked_mean(per_slot: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Depth-weighted mean over valid slots; invalid slots (even NaN ones) contribute nothing."""
     w = weights.to(per_slot.device)[None] * valid                                       # (A, D)

@@ -19,6 +19,9 @@ bf16 target both give the same loss and weights (tests/test_taps.py). ``data`` m
 (``regenerate --chunks K``) and ``parts`` its first K files; the held-out rows are always the first
 file's last ``eval_seqs``, and evaluation runs the target online in either mode. The target runs under
 no_grad and its embedding and lm_head enter the graph detached: only head parameters get gradients.
+A step's head pass runs under ``precision`` (autocast: bf16 matmuls where the device computes bf16
+natively, fp32 master weights, AdamW and loss) and ``attention`` (blockwise on CPU, ``jetflow.blockwise``);
+with loss ce only the counted slots reach the lm_head (``objective.weighted_ce``). Evaluation runs fp32.
 
 Resume is exact: data order and anchors are pure functions of (seed, data position), and the
 checkpoint holds the head, AdamW, scheduler and RNG states (``accelerate.save_state``).
@@ -55,12 +58,16 @@ from .flags import command_args, option
 from .checkpoint import init_from_target
 from .head import DraftHead, HeadConfig
 from .metrics import simulated_tau
-from .objective import curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets
+from .hardware import fast_dtype
+from .objective import (curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets,
+                        weighted_ce)
 from .provenance import write_provenance
 from .target import DTYPES, load_target
 from .taps import CachedTaps, OnlineTaps, cache_for, default_dir, sequence_ids
 
 BUILTIN_INITS = ("target", "random")  # any other ``init`` names a trained head's directory (warm start)
+PRECISIONS, ATTENTIONS = ("auto", "float32", "bfloat16"), ("auto", "blocks", "packed")
+LEGACY = {"precision": "float32", "attention": "packed"}  # what checkpoints written before these fields used
 
 
 def _init_path(text: str) -> str:
@@ -85,6 +92,13 @@ class TrainConfig:
                       "checkpoint", required=True)
     model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2-135M-Instruct)")
     dtype: str = option("bfloat16", "the frozen target forward's dtype; head params and AdamW stay fp32", flag=None)
+    precision: str = option("auto", "the head's compute dtype in a training step (autocast; fp32 weights, AdamW "
+                            "and loss). auto: bfloat16 where the device has it natively (CUDA, a CPU with AVX-512 "
+                            "BF16 or AMX), else float32", choices=PRECISIONS)
+    attention: str = option("auto", "blocks: each block attends the context and its own slots (no masked "
+                            "block-to-block scores: CPUs); packed: all blocks as one masked row (one fused kernel, "
+                            "memory linear in the anchors: GPUs, long sequences). auto: blocks on CPU, else packed",
+                            choices=ATTENTIONS)
     causal: bool = option(True, "JetFlow's causal block (the default)", negate=("--bidirectional", "DFlash's bidirectional block"))
     num_layers: int = option(2, "draft decoder layers (= taps)", flag=None)
     block_size: int = option(16, "Q: the anchor + Q-1 draftable depths", flag=None)
@@ -120,6 +134,8 @@ class TrainConfig:
         problems += [msg for bad, msg in [
             (self.loss not in ("kl", "ce"), f"loss must be kl or ce, got {self.loss!r}"),
             (self.taps not in ("online", "cached"), f"taps must be online or cached, got {self.taps!r}"),
+            (self.precision not in PRECISIONS, f"precision must be one of {PRECISIONS}, got {self.precision!r}"),
+            (self.attention not in ATTENTIONS, f"attention must be one of {ATTENTIONS}, got {self.attention!r}"),
             (self.taps == "cached" and self.loss == "kl", "cached taps hold no teacher distribution: "
              "train with --loss ce, or with --taps online for kl"),
             (self.parts < 0, f"parts must be >= 0 (0: all), got {self.parts}"),
@@ -178,24 +194,45 @@ class BlockForward(nn.Module):
         super().__init__()
         self.head = head
 
-    def forward(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    def forward(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor, blockwise: bool = False
+                ) -> torch.Tensor:
         """taps (S, L, H), block rows x (A, Q, H), anchors (A,) -> hidden (A, D, H)."""
-        return self.head.sequence_blocks(taps, x, anchors)
+        return self.head.sequence_blocks(taps, x, anchors, blockwise)
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
     return getattr(module, "module", module)  # DDP keeps the wrapped module in .module
 
 
-def block_logits(blocks: nn.Module, target, taps, ids, anchors) -> torch.Tensor:
-    """(A, D, K) fp32 logits of slots 1..D over the head's draft vocabulary (K = V without one),
-    through the target's embedding and lm_head rows (detached)."""
-    head, lm = _unwrap(blocks).head, target.model.get_output_embeddings()
+def block_hidden(blocks: nn.Module, target, taps, ids, anchors, blockwise: bool = False) -> torch.Tensor:
+    """(A, D, H) final states of slots 1..D of the blocks at ``anchors``, over the target's embedding (detached)."""
+    head = _unwrap(blocks).head
     x = head.block_inputs(ids[anchors], target.model.get_input_embeddings().weight.detach())  # (A, Q, H)
-    hidden = blocks(taps, x, anchors)                                                   # (A, D, H)
+    return blocks(taps, x, anchors, blockwise)
+
+
+def draft_logits(head: DraftHead, target, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+    """(..., K) logits of states (..., H) over the head's draft vocabulary (K = V without one), through
+    the target's lm_head rows (detached); in fp32, or with ``fp32=False`` in the matmul's dtype."""
+    lm = target.model.get_output_embeddings()
     bias = None if getattr(lm, "bias", None) is None else head.output_weight(lm.bias.detach()[:, None])[:, 0]
     weight = head.output_weight(lm.weight.detach())                                     # (K, H)
-    return F.linear(hidden.to(weight.dtype), weight, bias).float()
+    logits = F.linear(hidden.to(weight.dtype), weight, bias)
+    return logits.float() if fp32 else logits
+
+
+def block_logits(blocks: nn.Module, target, taps, ids, anchors) -> torch.Tensor:
+    """(A, D, K) fp32 logits of slots 1..D over the head's draft vocabulary (the packed fp32 pass)."""
+    return draft_logits(_unwrap(blocks).head, target, block_hidden(blocks, target, taps, ids, anchors))
+
+
+def head_compute(cfg: TrainConfig, device) -> tuple[torch.dtype, bool]:
+    """(the head's compute dtype, whether blocks attend blockwise) of a training step on ``device``:
+    ``precision`` and ``attention`` with auto resolved (``jetflow.hardware.fast_dtype``)."""
+    device = torch.device(device)
+    precision = fast_dtype(device)[0] if cfg.precision == "auto" else cfg.precision
+    blockwise = cfg.attention == "blocks" or (cfg.attention == "auto" and device.type == "cpu")
+    return DTYPES[precision], blockwise
 
 
 def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0, features=None
@@ -207,15 +244,23 @@ def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0,
     head = _unwrap(blocks).head
     c = head.config
     teacher_logits, taps = features or target.sequence_taps(ids, c.target_layer_ids, logits=cfg.loss == "kl")
-    logits = block_logits(blocks, target, taps, ids, anchors)                           # (A, D, K)
     pos, valid = slot_targets(anchors, ids.numel(), c.block_size)
     cols, known = draft_columns(head, ids)
-    if teacher_logits is not None and head.vocab is not None:
-        teacher_logits = teacher_logits[:, head.vocab.to(ids.device)]
+    weights = curriculum_weights(c.block_size - 1, cfg, step).to(ids.device)
+    dtype, blockwise = head_compute(cfg, ids.device)
+    with torch.autocast(ids.device.type, dtype=dtype, enabled=dtype != torch.float32):
+        hidden = block_hidden(blocks, target, taps, ids, anchors, blockwise)           # (A, D, H)
+        if cfg.loss == "ce":  # only the slots that count reach the lm_head: (N, K) logits, N <= A*D
+            valid = valid & known[pos]
+            logits = draft_logits(head, target, hidden[valid], fp32=False)              # (N, K)
+        else:
+            logits = draft_logits(head, target, hidden)                                 # (A, D, K)
     if cfg.loss == "ce":
-        valid = valid & known[pos]
+        return weighted_ce(logits, cols[pos][valid], weights.expand_as(valid)[valid]), int(valid.sum())
+    if head.vocab is not None:
+        teacher_logits = teacher_logits[:, head.vocab.to(ids.device)]
     per_slot = slot_losses(logits, pos, cfg.loss, cols, teacher_logits)
-    return masked_mean(per_slot, valid, curriculum_weights(c.block_size - 1, cfg, step)), int(valid.sum())
+    return masked_mean(per_slot, valid, weights), int(valid.sum())
 
 
 @torch.no_grad()
@@ -393,6 +438,7 @@ def load_checkpoint(run: TrainingRun) -> Progress:
     if ckpt is None:
         return Progress()
     state = json.loads((ckpt / "train_state.json").read_text())
+    state["config"] = LEGACY | state["config"]
     free = ("eval_every", "save_every", "eval_stride", "taps_dir")  # may change without changing results
     if "data_sha256" in state:  # the data by content: a moved or renamed file resumes, an edited one does not
         free += ("data", "out")
@@ -461,17 +507,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
     from accelerate.utils import set_seed
     if not cfg.out:
         raise ValueError("TrainConfig.out (--out) must name an output directory")
-    files = data_files(cfg.data, cfg.parts)
-    per_file = [load_regenerated(f) for f in files]
-    rows = [r for part in per_file for r in part]
-    n0 = len(per_file[0])  # held out: the first file's last eval_seqs rows (the same for every --parts)
-    if n0 <= cfg.eval_seqs:
-        raise ValueError(f"{files[0]} has {n0} sequences; need more than eval_seqs={cfg.eval_seqs}")
-    held = range(n0 - cfg.eval_seqs, n0)
-    train_rows = [i for i in range(len(rows)) if i not in held]
-    indexed = indexed_sequences(rows, train_rows, cfg.max_len)
-    if not indexed:
-        raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
+    files, rows, held, indexed = split_data(cfg)
     accelerator = Accelerator(step_scheduler_with_optimizer=False)  # one global step = one scheduler step
     check_launch(accelerator)
     if cfg.seqs_per_step % accelerator.num_processes:
@@ -479,7 +515,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
                          f"processes ({accelerator.num_processes})")
     set_seed(cfg.seed)
     target = target or load_target(cfg.model, dtype=cfg.dtype, device=str(accelerator.device))
-    training = [rows[i] for i in train_rows]
+    training = [r for i, r in enumerate(rows) if i not in held]  # the draft vocabulary's rows
     head = build_head(cfg, target, training)
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.steps, cfg.warmup))
@@ -490,6 +526,22 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
                       data_sha256=files_sha256(files))
     run.out.mkdir(parents=True, exist_ok=True)
     return run, rows
+
+
+def split_data(cfg: TrainConfig) -> tuple[list[Path], list[dict], range, list]:
+    """(data files, all their rows, the held-out row numbers, the indexed training sequences): held out are
+    the first file's last eval_seqs rows (the same for every --parts), trained on the rest that keep an anchor."""
+    files = data_files(cfg.data, cfg.parts)
+    per_file = [load_regenerated(f) for f in files]
+    rows = [r for part in per_file for r in part]
+    n0 = len(per_file[0])
+    if n0 <= cfg.eval_seqs:
+        raise ValueError(f"{files[0]} has {n0} sequences; need more than eval_seqs={cfg.eval_seqs}")
+    held = range(n0 - cfg.eval_seqs, n0)
+    indexed = indexed_sequences(rows, [i for i in range(len(rows)) if i not in held], cfg.max_len)
+    if not indexed:
+        raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
+    return files, rows, held, indexed
 
 
 def taps_source(cfg: TrainConfig, target, files: list[Path], head: DraftHead):

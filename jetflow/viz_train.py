@@ -1,6 +1,7 @@
 """Training curves of several heads side by side (``viz.training_curves`` draws one run in detail).
 
     fig = heads_curves(recipes.shipped_histories())   # {"jetflow": history, "dflash": history}
+    fig = data_curve(curve_rows, budget=64)           # tau against response tokens seen (jetflow.curve)
     curve_points(history)                              # [(step, sim_tau, depth-1 accuracy), ...]
 
 A history is what ``train`` writes to ``out/history.jsonl``: one entry per step, with ``acc`` (per-depth
@@ -41,4 +42,25 @@ def heads_curves(histories: Mapping[str, Sequence[dict]], title: str = "Held-out
         fig.update_yaxes(title_text=label, row=1, col=col)
     fig.update_layout(template=TEMPLATE, title=dict(
         text=title, subtitle=dict(text="simulated tau = 1 + sum_k prod_{i<=k} acc_i (an argmax chain)")))
+    return fig
+
+
+def data_curve(rows: Sequence[dict], budget: int) -> go.Figure:
+    """Replayed tau at ``budget`` against the response tokens each head saw in training (log x): one panel
+    per dataset, one line per head method (``jetflow.curve`` rows: ``response_tokens_seen``, ``tau``)."""
+    picked = [r for r in rows if r["budget"] == budget]
+    if not picked:
+        raise ValueError(f"no row at budget {budget}; the rows have budgets {sorted({r['budget'] for r in rows})}")
+    datasets, methods = list(dict.fromkeys(r["dataset"] for r in picked)), list(dict.fromkeys(r["method"] for r in picked))
+    fig = make_subplots(rows=1, cols=len(datasets), subplot_titles=datasets, shared_yaxes=True)
+    for col, ds in enumerate(datasets, start=1):
+        for i, m in enumerate(methods):
+            points = sorted((r["response_tokens_seen"], r["tau"]) for r in picked if r["dataset"] == ds and r["method"] == m)
+            if points:
+                x, y = zip(*points)
+                fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=m, legendgroup=m, showlegend=col == 1,
+                                         line=dict(color=PALETTE[i % len(PALETTE)])), row=1, col=col)
+        fig.update_xaxes(type="log", title_text="response tokens seen", row=1, col=col)
+    fig.update_yaxes(title_text=f"replayed tau (budget {budget})", row=1, col=1)
+    fig.update_layout(template=TEMPLATE, title=dict(text="Replayed tau against training data"))
     return fig

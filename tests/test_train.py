@@ -15,9 +15,11 @@ from jetflow.cli import train_config
 from jetflow.head import DraftHead
 from jetflow.target import Target
 from jetflow.metrics import simulated_tau
-from jetflow.objective import curriculum_weights, depth_accuracy, depth_weights, masked_mean, slot_losses, slot_targets
+from jetflow import objective
+from jetflow.objective import (curriculum_weights, depth_accuracy, depth_weights, masked_mean, slot_losses, slot_targets,
+                               weighted_ce)
 from jetflow.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, draft_vocabulary, evaluate,
-                           lr_factor, sample_anchors, sequence_loss, train)
+                           head_compute, lr_factor, sample_anchors, sequence_loss, train)
 from fakes import ByteTokenizer, tiny_model
 
 V = 211
@@ -81,6 +83,27 @@ def test_loss_ignores_slots_past_the_end():
     torch.testing.assert_close(loss, num / den)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [2, 128])
+def test_weighted_ce_of_the_valid_slots_is_the_masked_mean(dtype, chunk, monkeypatch):
+    """The loss over the gathered valid slots (chunked, fused backward) = masked_mean over all A*D slots:
+    value and gradient, whatever the chunk size and the logits' dtype."""
+    monkeypatch.setattr(objective, "CE_ROWS", chunk)
+    torch.manual_seed(0)
+    anchors, seq_len, n = torch.tensor([2, 5, 8]), 10, 5
+    ids, (pos, valid) = torch.randint(0, V, (seq_len,)), slot_targets(anchors, seq_len, n)
+    logits = (3 * torch.randn(3, n - 1, V)).to(dtype).requires_grad_()
+    w = depth_weights(n - 1, 2.0)
+    ref = masked_mean(slot_losses(logits, pos, "ce", ids), valid, w)
+    (g_ref,) = torch.autograd.grad(ref, logits)
+    loss = weighted_ce(logits[valid], ids[pos][valid], w.expand_as(valid)[valid])
+    (g,) = torch.autograd.grad(loss, logits)
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g.float(), g_ref.float(), atol=1e-5 if dtype == torch.float32 else 1e-3, rtol=1e-2)
+    assert g.dtype == dtype and not g[~valid].any()
+    assert weighted_ce(logits[:0, 0], ids[:0], w[:0]) == 0  # no valid slot: a zero loss, not NaN
+
+
 def test_kl_matches_reference_and_vanishes_for_the_teacher():
     torch.manual_seed(0)
     teacher, anchors = torch.randn(12, V), torch.tensor([1, 4, 6])
@@ -140,6 +163,42 @@ def test_steps_lower_the_loss_on_a_fixed_batch(target, causal):
     assert all(p.grad is None for p in target.model.parameters())  # nothing flows into the target
 
 
+BF16_LOSS_RTOL = 1e-2  # bf16 keeps 8 mantissa bits; one sequence's loss moves well under 1% (measured ~0.1%)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_bf16_blockwise_step_gives_the_fp32_packed_loss_within_tolerance(target, causal):
+    """The fast training step (bf16 autocast, blockwise attention) against the fp32 packed one on the same
+    batch: the loss within BF16_LOSS_RTOL, the gradients pointing the same way; fp32 blockwise exactly."""
+    ref_cfg = TrainConfig(causal=causal, block_size=5, loss="ce", precision="float32", attention="packed")
+    head = build_head(ref_cfg, target)
+    (ids, p), = [(torch.tensor(r["prompt_ids"] + r["response_ids"]), len(r["prompt_ids"])) for r in fake_rows(1)]
+    anchors = sample_anchors(p, ids.numel(), 8, torch.Generator().manual_seed(0))
+    out = {}
+    for precision, attention in [("float32", "packed"), ("float32", "blocks"), ("bfloat16", "blocks")]:
+        cfg = dataclasses.replace(ref_cfg, precision=precision, attention=attention)
+        head.zero_grad()
+        loss, slots = sequence_loss(BlockForward(head), target, ids, anchors, cfg)
+        loss.backward()
+        out[precision, attention] = loss.item(), torch.cat([q.grad.flatten() for q in head.parameters()]), slots
+    ref_loss, ref_grad, ref_slots = out["float32", "packed"]
+    assert out["float32", "blocks"][0] == pytest.approx(ref_loss, rel=1e-6)
+    loss, grad, slots = out["bfloat16", "blocks"]
+    assert slots == ref_slots and loss == pytest.approx(ref_loss, rel=BF16_LOSS_RTOL) and loss != ref_loss
+    assert F.cosine_similarity(grad, ref_grad, dim=0) > 0.99
+
+
+def test_auto_precision_and_attention_follow_the_device(monkeypatch):
+    import jetflow.train as tr
+    auto = TrainConfig()
+    monkeypatch.setattr(tr, "fast_dtype", lambda device: ("bfloat16", "native"))
+    assert head_compute(auto, "cpu") == (torch.bfloat16, True)
+    monkeypatch.setattr(tr, "fast_dtype", lambda device: ("float32", "emulated"))
+    assert head_compute(auto, "cpu") == (torch.float32, True)
+    assert head_compute(dataclasses.replace(auto, precision="bfloat16", attention="packed"), "cpu") == (torch.bfloat16, False)
+    assert head_compute(auto, "cuda")[1] is False  # GPUs: the fused packed kernel
+
+
 def test_evaluate_reports_every_depth(target):
     head = build_head(TrainConfig(block_size=5), target)
     seqs = [(torch.tensor(r["prompt_ids"] + r["response_ids"]), len(r["prompt_ids"])) for r in fake_rows(2)]
@@ -169,6 +228,21 @@ def test_resume_refuses_another_config(target, data, tmp_path):
     train(smoke(data, out), target, stop_at=2, progress=False)
     with pytest.raises(ValueError, match="gamma"):
         train(smoke(data, out, gamma=3.0), target, progress=False)
+
+
+def test_a_checkpoint_from_before_the_precision_fields_resumes_as_it_trained(target, data, tmp_path):
+    """Checkpoints written before ``precision`` and ``attention`` existed trained in fp32, packed: they
+    resume under those settings and refuse the new defaults by name."""
+    out = tmp_path / "run"
+    old = smoke(data, out, precision="float32", attention="packed")
+    train(old, target, stop_at=2, progress=False)
+    path = out / "checkpoint" / "train_state.json"
+    state = json.loads(path.read_text())
+    del state["config"]["precision"], state["config"]["attention"]
+    path.write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="attention.*precision"):
+        train(smoke(data, out), target, progress=False)
+    assert [h["step"] for h in train(old, target, progress=False)[1]] == [0, 1, 2, 3, 4]
 
 
 def test_resume_identifies_the_data_by_content_not_path(target, data, tmp_path):
@@ -223,7 +297,8 @@ def test_cli_bad_arguments_are_clear_errors(data, tmp_path, capsys, extra):
     assert "error:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("bad", [dict(loss="mse"), dict(steps=0), dict(gamma=-1.0), dict(init="zeros")])
+@pytest.mark.parametrize("bad", [dict(loss="mse"), dict(steps=0), dict(gamma=-1.0), dict(init="zeros"),
+                                 dict(precision="fp8"), dict(attention="flash")])
 def test_bad_config_is_rejected(bad):
     with pytest.raises(ValueError):
         TrainConfig(**bad)

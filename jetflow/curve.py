@@ -1,0 +1,209 @@
+"""Replayed tau against training data: the causal and the bidirectional head trained from scratch on
+the first k of a chunked regeneration's parts, each replayed on the benchmarks (``python -m jetflow curve``).
+
+    rows = run(CurveConfig(data="~/.cache/jetflow/regen-smollm2-135m-bfloat16-all-256", out="data/results/x"))
+    to_markdown(rows)       # tau per head method, dataset and k at each budget, with the response tokens seen
+
+One recipe for every point, so that the data size is the only thing that changes: the cpu preset with the
+shipped heads' settings (loss ce, cached taps, 64 anchors, 2 sequences per step, a draft vocabulary of
+8192, the depth curriculum from gamma 0.5 to 4 for the causal head and to 7 for the bidirectional one),
+from scratch (the target's embedding-initialised head), for the same number of passes over the training
+sequences: ``steps = ceil(passes * sequences / seqs_per_step)``, so the response tokens seen scale with k.
+Each point is a head directory under ``work`` (``{head}-k{k}``, resumable: training resumes from its
+checkpoint) and its replay rows (``replay.json``, reused while the training command and the replay
+settings are the same); a point whose parts are still being
+regenerated (no ``.meta.json`` beside a part yet) is skipped and the rest are written, so rerunning the same
+command later adds the missing points. The taps of the parts a point needs are cached first (resumable).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from .data import cache_dir, data_files, load_regenerated, portable_path
+from .flags import comma_list, option
+
+HEADS = {  # head kind -> (TrainConfig fields, the replayed methods)
+    "causal": ({"causal": True, "gamma": 4.0}, ("jetflow", "jetflow-bp")),
+    "bidirectional": ({"causal": False, "gamma": 7.0}, ("ddtree", "dflash")),
+}
+DEFAULT_DATA = "regen-smollm2-135m-bfloat16-all-256"  # `regenerate --n 0 --chunks 8 --max-new-tokens 256`
+PLOT = "curve.html"
+TAPS_MAX_LEN = 768  # what `python -m jetflow taps` caches by default: a cache built by hand is reused
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in comma_list(text))
+
+
+@dataclass(frozen=True)
+class CurveConfig:
+    out: str = option("", "results folder: rows.json, table.md and curve.html", required=True)
+    data: str | None = option(None, "the chunked regeneration (regenerate --chunks K; default: the jetflow "
+                              f"cache's {DEFAULT_DATA}); its parts 0..k-1 are the data of point k",
+                              parse=lambda text: str(Path(text).expanduser().resolve()))
+    work: str | None = option(None, "folder of the points' heads and replay rows (default: the jetflow "
+                              "cache's curve/DATA)")
+    parts: tuple[int, ...] = option((1, 2, 4, 8), "the k of each point, comma list", parse=_ints)
+    heads: tuple[str, ...] = option(tuple(HEADS), "head kinds, comma list: " + ",".join(HEADS), parse=comma_list)
+    passes: float = option(2.0, "passes over each point's training sequences (the same for every k)")
+    anchors: int = option(64, "anchors per sequence (the shipped heads' recipe)")
+    seqs_per_step: int = option(2, "sequences per optimiser step (the shipped heads' recipe)")
+    lr: float = option(1e-3, "peak AdamW lr (the cpu preset's)")
+    draft_vocab: int = option(8192, "draft vocabulary (the shipped heads')")
+    max_len: int = option(512, "truncate prompt + response (the cpu preset's; the taps are cached at 768)")
+    datasets: tuple[str, ...] = option(("gsm8k", "math500", "humaneval", "mt_bench"), "replayed datasets, "
+                                       "comma list", parse=comma_list)
+    limit: int = option(20, "first N prompts of each dataset")
+    max_new_tokens: int = option(256, "new tokens of each AR answer")
+    budgets: tuple[int, ...] = option((16, 64, 255), "replayed budgets, comma list", parse=_ints)
+    data_dir: str | None = option(None, "offline data folder of the benchmarks (default: $JETFLOW_DATA_DIR, else the hub)")
+    seed: int = option(0, "training seed of every point")
+
+    prompts_file = None  # ``bench.prompt_sets`` reads the benchmark prompts of this config
+
+    def __post_init__(self):
+        if self.data is None:
+            object.__setattr__(self, "data", str(cache_dir() / DEFAULT_DATA))
+        bad = [h for h in self.heads if h not in HEADS]
+        if bad or not self.heads:
+            raise ValueError(f"unknown head kind(s) {bad}; choose from {', '.join(HEADS)}")
+        if not self.parts or min(self.parts) < 1 or self.passes <= 0 or min(self.anchors, self.seqs_per_step) < 1:
+            raise ValueError("need parts >= 1, passes > 0, anchors >= 1 and seqs_per_step >= 1, got "
+                             f"{list(self.parts)}, {self.passes}, {self.anchors}, {self.seqs_per_step}")
+
+    @property
+    def work_dir(self) -> Path:
+        return Path(self.work) if self.work else cache_dir() / "curve" / Path(self.data).name
+
+
+def ready(data: str | Path, k: int) -> bool:
+    """Whether parts 0..k-1 of the chunked folder are whole: ``regenerate`` writes a part's ``.meta.json``
+    once its last answer is in."""
+    files = sorted(Path(data).glob("part-*-of-*.jsonl"))
+    return len(files) >= k and all(f.with_name(f.name + ".meta.json").is_file() for f in files[:k])
+
+
+def train_config(cfg: CurveConfig, k: int, head: str, taps_dir: Path):
+    """The point's TrainConfig: the one recipe, its data (the first k parts) and its step count."""
+    from .train import TrainConfig, split_data
+    base = TrainConfig.from_name("cpu", data=cfg.data, parts=k, taps="cached", taps_dir=str(taps_dir), loss="ce",
+                                 out=str(point_dir(cfg, k, head)), gamma_start=0.5, anchors_per_seq=cfg.anchors,
+                                 seqs_per_step=cfg.seqs_per_step, lr=cfg.lr, draft_vocab=cfg.draft_vocab,
+                                 max_len=cfg.max_len, seed=cfg.seed, **HEADS[head][0])
+    steps = max(1, math.ceil(cfg.passes * len(split_data(base)[3]) / cfg.seqs_per_step))
+    return replace(base, steps=steps, eval_every=max(1, steps // 4), save_every=min(200, steps))
+
+
+def point_dir(cfg: CurveConfig, k: int, head: str) -> Path:
+    return cfg.work_dir / f"{head}-k{k}"
+
+
+def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, progress: bool = True) -> list[dict]:
+    """Train (or resume) one point's head, then replay it once (``replay.json``). -> its rows."""
+    from .replay import replay
+    from .taps import build_all, cache_for, default_dir
+    from .train import command_for, train
+    layers = _layers(target)
+    root = default_dir(cfg.data, target.name, layers)
+    tcfg = train_config(cfg, k, head, root)
+    out = Path(tcfg.out)
+    saved = out / "replay.json"
+    if saved.is_file():
+        rows = json.loads(saved.read_text())
+        asked = {(d, b) for d in cfg.datasets for b in cfg.budgets}
+        if all(_same_settings(r, cfg, command_for(tcfg)) for r in rows) and \
+                {(r["dataset"], r["budget"]) for r in rows} == asked:
+            return rows
+    files = data_files(cfg.data, k)
+    build_all(target, files, [cache_for(root, f, True) for f in files], layers=layers, max_len=TAPS_MAX_LEN,
+              progress=progress)
+    train(tcfg, target, progress=progress)
+    prov = json.loads((out / "provenance.json").read_text())
+    history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    last = history[-1]
+    kind = "jetflow" if tcfg.causal else "dflash"
+    rows = replay(fp32_target, HEADS[head][1], traces, cfg.budgets, heads={kind: str(out)}, progress=progress)
+    extra = {"head": head, "parts": k,
+             "train_sequences": prov["data"]["train_sequences"], "steps": tcfg.steps, "passes": cfg.passes,
+             "response_tokens_seen": prov["tokens"]["response_tokens"],
+             "supervised_slots": prov["tokens"]["supervised_slots"], "heldout_sim_tau": last["sim_tau"],
+             "heldout_acc1": last["acc"][0], "train_command": prov["command"], "max_new_tokens": cfg.max_new_tokens}
+    rows = [r | extra for r in rows]
+    saved.write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
+
+
+def _same_settings(row: dict, cfg: CurveConfig, command: str) -> bool:
+    """Whether a saved replay row answers this config: the same training command and replay settings
+    (otherwise the point is replayed again; training itself refuses a checkpoint of another config)."""
+    return (row.get("train_command") == command and row.get("max_new_tokens") == cfg.max_new_tokens
+            and row["n_prompts"] == cfg.limit and row["dataset"] in cfg.datasets and row["budget"] in cfg.budgets)
+
+
+def _layers(target) -> tuple[int, ...]:
+    from .head import HeadConfig
+    return HeadConfig.for_target(target.config).target_layer_ids  # TrainConfig's 2 draft layers
+
+
+def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = True) -> list[dict]:
+    """Every ready point (k ascending, each head), then rows.json, table.md and the plot in ``out``."""
+    from . import checks
+    from .bench import prompt_sets
+    from .replay import ar_traces
+    from .report import write_rows
+    from .target import load_target
+    todo = [k for k in sorted(set(cfg.parts)) if ready(cfg.data, k)]
+    skipped = sorted(set(cfg.parts) - set(todo))
+    if not todo:
+        raise ValueError(f"no point is ready: parts 0..{min(cfg.parts) - 1} of {cfg.data} are not all whole yet "
+                         "(python -m jetflow regenerate --chunks K writes them)")
+    checks.writable_dir(cfg.out, "--out")
+    target = target or load_target(None, dtype="bfloat16")   # the cached taps' dtype
+    fp32_target = fp32_target or load_target(None, dtype="float32")  # replay: fp32, as the committed tau
+    prompts = checks.prompt_source(lambda: prompt_sets(cfg))
+    traces = {ds: ar_traces(fp32_target, ps, cfg.max_new_tokens, dataset=ds, progress=progress,
+                            cache=cache_dir() / "replay" / f"ar-{fp32_target.name.replace('/', '--')}-{ds}.jsonl")
+              for ds, ps in prompts.items()}
+    of_parts = int(data_files(cfg.data)[0].stem.rsplit("-of-", 1)[1])  # part-KK-of-NN: NN, however many exist yet
+    rows = [r | {"of_parts": of_parts, "curve": asdict(cfg) | {"data": portable_path(cfg.data), "out": Path(cfg.out).name,
+                                          "work": None if cfg.work is None else portable_path(cfg.work)}}
+            for k in todo for head in cfg.heads
+            for r in point(cfg, k, head, target, fp32_target, traces, progress=progress)]
+    write_rows(rows, cfg.out, to_markdown)
+    plot(rows).write_html(Path(cfg.out) / PLOT, include_plotlyjs="cdn")
+    if skipped:
+        print(f"skipped k = {skipped}: their parts are still being regenerated; rerun to add them", flush=True)
+    return rows
+
+
+def to_markdown(rows: list[dict]) -> str:
+    """One line per head method, dataset and k: response tokens seen, held-out depth-1 accuracy, tau per budget."""
+    budgets = sorted({r["budget"] for r in rows})
+    lines = ["# Replayed tau against training data", "",
+             "| method | dataset | parts | response tokens seen | held-out acc1 | "
+             + " | ".join(f"B={b}" for b in budgets) + " |", "|---|---|---|---|---|" + "---|" * len(budgets)]
+    cells: dict[tuple, dict] = {}
+    for r in rows:
+        cells.setdefault((r["method"], r["dataset"], r["parts"], r["of_parts"], r["response_tokens_seen"],
+                          r["heldout_acc1"]), {})[r["budget"]] = r["tau"]
+    for (method, ds, k, of, seen, acc1), taus in sorted(cells.items(), key=lambda c: (c[0][0], c[0][1], c[0][2])):
+        lines.append(f"| {method} | {ds} | {k}/{of} | {seen:,} | {acc1:.3f} | "
+                     + " | ".join(f"{taus[b]:.2f}" if b in taus else "" for b in budgets) + " |")
+    c = rows[0]["curve"]
+    lines += ["", f"Each head trained from scratch on the first k parts, {c['passes']:g} passes over its training "
+              f"sequences (steps = passes x sequences / {c['seqs_per_step']}), {c['anchors']} anchors per sequence, "
+              f"loss ce, cached taps, draft vocabulary {c['draft_vocab']}, seed {c['seed']}; replayed greedy tau "
+              f"(fp32) on the first {c['limit']} prompts, {c['max_new_tokens']} new tokens. "
+              "Command: python -m jetflow curve (jetflow/curve.py)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], budget: int | None = None):
+    """Tau at ``budget`` (default: the middle one) against the response tokens seen (log x), one panel per
+    dataset, one line per head method (``viz_train.data_curve``)."""
+    from .viz_train import data_curve
+    budgets = sorted({r["budget"] for r in rows})
+    return data_curve(rows, budget if budget is not None else budgets[len(budgets) // 2])

@@ -1,0 +1,105 @@
+"""Tests for jetflow/curve.py end to end on a tiny random target over SmolLM2's vocabulary and the bundled
+fixture prompts: every ready point trains with one recipe and is replayed, points whose parts are still
+being regenerated are skipped, rerunning adds nothing twice, and the rows, table and plot say what ran."""
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from jetflow import curve
+from jetflow.cli import main
+from jetflow.curve import CurveConfig, ready, run, to_markdown, train_config
+
+SETTINGS = dict(anchors=4, seqs_per_step=2, passes=1.0, draft_vocab=64, max_len=64, datasets=("gsm8k", "mt_bench"),
+                limit=2, max_new_tokens=6, budgets=(4, 8), data_dir="fixtures")
+
+
+def write_part(folder, k, n, whole=True, seed=0):
+    """A part of a chunked regeneration: n rows; ``whole`` writes the .meta.json regenerate leaves at its end."""
+    g = torch.Generator().manual_seed(seed + k)
+    path = folder / f"part-{k:02d}-of-03.jsonl"
+    rows = [{"settings": {"chunk": k, "chunks": 3}}] + [
+        {"id": f"gsm8k-train:{k}-{i}", "prompt_ids": torch.randint(3, 400, (4 + i % 3,), generator=g).tolist(),
+         "response_ids": torch.randint(3, 400, (10 + i % 5,), generator=g).tolist()} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if whole:
+        path.with_name(path.name + ".meta.json").write_text(json.dumps({"command": "python -m jetflow regenerate"}))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    root = tmp_path / "regen"
+    root.mkdir()
+    write_part(root, 0, 20)
+    write_part(root, 1, 20)
+    write_part(root, 2, 5, whole=False)  # still being regenerated
+    return root
+
+
+def test_a_part_is_ready_once_regenerate_has_finished_it(folder):
+    assert ready(folder, 1) and ready(folder, 2) and not ready(folder, 3) and not ready(folder, 4)
+
+
+def test_one_recipe_and_the_same_passes_for_every_point(folder, tmp_path):
+    cfg = CurveConfig(out=str(tmp_path / "out"), data=str(folder), work=str(tmp_path / "work"), passes=3.0, **{
+        k: v for k, v in SETTINGS.items() if k != "passes"})
+    one, two = (train_config(cfg, k, "causal", tmp_path / "taps") for k in (1, 2))
+    assert (one.parts, two.parts) == (1, 2) and one.steps == 3 * 4 // 2 and two.steps == 3 * 24 // 2
+    assert {f: getattr(one, f) for f in ("lr", "anchors_per_seq", "loss", "taps", "causal", "gamma")} == \
+        {f: getattr(two, f) for f in ("lr", "anchors_per_seq", "loss", "taps", "causal", "gamma")}
+    bidir = train_config(cfg, 1, "bidirectional", tmp_path / "taps")
+    assert not bidir.causal and bidir.gamma == 7.0 and bidir.steps == one.steps and bidir.out != one.out
+
+
+@pytest.mark.parametrize("tiny_target", ["llama"], indirect=True)
+def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path / "cache"))
+    cfg = CurveConfig(out=str(tmp_path / "out"), data=str(folder), work=str(tmp_path / "work"), parts=(1, 2, 4),
+                      **SETTINGS)
+    rows = run(cfg, tiny_target, tiny_target, progress=False)
+    assert "skipped k = [4]" in capsys.readouterr().out
+    points = {(r["parts"], r["head"]) for r in rows}
+    assert points == {(k, h) for k in (1, 2) for h in ("causal", "bidirectional")}
+    assert {r["method"] for r in rows} == {"jetflow", "jetflow-bp", "ddtree", "dflash"}
+    assert {r["dataset"] for r in rows} == {"gsm8k", "mt_bench"} and {r["budget"] for r in rows} == {4, 8}
+    assert {r["n_prompts"] for r in rows} == {2} and all(r["tau"] >= 1 for r in rows)
+    seen = {k: {r["response_tokens_seen"] for r in rows if r["parts"] == k and r["head"] == "causal"} for k in (1, 2)}
+    assert len(seen[1]) == len(seen[2]) == 1 and seen[2].pop() > seen[1].pop() > 0  # one pass: more data, more seen
+    assert {r["train_sequences"] for r in rows if r["parts"] == 2} == {24}
+    out = tmp_path / "out"
+    assert json.loads((out / "rows.json").read_text()) == json.loads(json.dumps(rows))
+    table = (out / "table.md").read_text()
+    assert table == to_markdown(rows) and table.count("| jetflow | gsm8k |") == 2 and "1/3" in table and "2/3" in table
+    assert "plotly" in (out / curve.PLOT).read_text()
+    # rerunning trains and replays only the points not done yet: here the one whose part has since finished
+    import jetflow.replay
+    import jetflow.train
+    trained, real_train = [], jetflow.train.train
+    monkeypatch.setattr(jetflow.train, "train", lambda c, *a, **k: trained.append((c.parts, c.causal)) or real_train(c, *a, **k))
+    assert json.loads(json.dumps(run(cfg, tiny_target, tiny_target, progress=False))) == json.loads(json.dumps(rows))
+    assert trained == []
+    write_part(folder, 2, 5)  # part 2 of 3 is whole now; --parts 4 still waits
+    more = run(replace(cfg, parts=(1, 2, 3, 4)), tiny_target, tiny_target, progress=False)
+    assert trained == [(3, True), (3, False)] and {r["parts"] for r in more} == {1, 2, 3}
+    replayed, real_replay = [], jetflow.replay.replay
+    monkeypatch.setattr(jetflow.replay, "replay", lambda *a, **k: replayed.append(a[3]) or real_replay(*a, **k))
+    state = tmp_path / "work" / "causal-k1" / "checkpoint" / "train_state.json"
+    before = state.stat().st_mtime_ns
+    fewer = run(replace(cfg, parts=(1,), budgets=(8,)), tiny_target, tiny_target, progress=False)
+    assert replayed == [(8,), (8,)] and state.stat().st_mtime_ns == before  # other budgets: replayed, not retrained
+    assert {r["budget"] for r in fewer} == {8}
+    drop = lambda rs: [{k: v for k, v in r.items() if k != "curve"} for r in json.loads(json.dumps(list(rs)))]
+    assert drop(r for r in more if r["parts"] < 3) == drop(rows)  # the earlier points' rows as they were
+
+
+def test_bad_settings_are_clear_errors(folder, tmp_path, capsys):
+    with pytest.raises(ValueError, match="unknown head kind"):
+        CurveConfig(out="x", heads=("sideways",))
+    with pytest.raises(ValueError, match="passes > 0"):
+        CurveConfig(out="x", passes=0)
+    with pytest.raises(ValueError, match="no point is ready"):
+        run(CurveConfig(out=str(tmp_path / "o"), data=str(folder), parts=(4,)), object(), object())
+    assert main(["curve", "--out", str(tmp_path / "o"), "--data", str(folder), "--parts", "4",
+                 "--data-dir", "fixtures"]) == 2
+    assert "no point is ready" in capsys.readouterr().err
