@@ -26,9 +26,6 @@ TREE_METHODS = ("jetflow,jetflow-bp,jetflow-cal,jetflow-t2g,jetflow-profile,jetf
 CORRECTION_METHODS = "jetflow-pc,jetflow-pcx,jetflow-bp,ddtree"
 TREES_LIMIT = 8  # prompts per dataset of the diagnoses: the AR decodes that fitted one session on the shared 2-core CPU
 REPLAY_DATASETS = ("--datasets", "gsm8k,math500,humaneval,mt_bench", "--budgets", "8,16,32,64,128,255")
-# the 20-prompt tree/correction replays: the datasets whose replay finished in the session (the shared CPU was
-# frozen by other timed runs for much of it; HumanEval is the one to add)
-TREES_DATASETS = ("--datasets", "gsm8k,math500,mt_bench", *REPLAY_DATASETS[2:])
 
 
 @dataclass(frozen=True)
@@ -78,7 +75,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     *_pair("cpu-merged-auto-bf16", "merged", 3, "ar,jetflow+lookup", "8,16,32,auto", "bfloat16"),
     # make results, beyond the paper: the causal head's own tree builders against DDTree (replayed), and
     # where its drafts are accepted (on and off the argmax spine, per depth and rank)
-    Entry("cpu-replay-trees", ("replay", "--methods", TREE_METHODS, *COMMON, *TREES_DATASETS, "--widths", "7"),
+    Entry("cpu-replay-trees", ("replay", "--methods", TREE_METHODS, *COMMON, *REPLAY_DATASETS, "--widths", "7"),
           "results", 6),
     Entry("cpu-replay-stop", ("replay", "--methods", "jetflow-cal,jetflow-bp,jetflow-stop", "--datasets", "gsm8k,math500",
                               "--limit", "5", "--max-new-tokens", "256", "--budgets", "8,16,32,64,128,255"), "results", 6),
@@ -86,7 +83,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                             "gsm8k,math500,humaneval,mt_bench"), "results", 6),
     # make results, beyond the paper: the path-conditioned correction (jetflow-pc) against the same builder
     # without it (jetflow-bp) and DDTree, and the diagnosis before/after it (GSM8K and held-out training prompts)
-    Entry("cpu-replay-correction", ("replay", "--methods", CORRECTION_METHODS, *COMMON, *TREES_DATASETS), "results", 7),
+    Entry("cpu-replay-correction", ("replay", "--methods", CORRECTION_METHODS, *COMMON, *REPLAY_DATASETS), "results", 7),
     Entry("cpu-diagnosis-correction", ("diagnose", "--limit", str(TREES_LIMIT), "--max-new-tokens", "256", "--datasets",
                                        "gsm8k", "--heldout", "24"), "results", 7),
     Entry("cpu-correction-cost", ("correction-cost",), "correction-cost", 1),  # timed: run it with the machine to itself
