@@ -97,14 +97,14 @@ screenshots: $(STAMP)
 # (outside the repository) until jetflow-more and dflash-more are copied to data/heads/smollm2-135m-{jetflow,dflash}.
 HEADS_WORK ?= $(HOME)/.cache/jetflow/heads
 HEAD_ARGS  ?= --preset cpu --loss ce --seqs-per-step 2 --anchors 64 --draft-vocab 8192
-# Beyond the paper (issue 19): the path correction beside the causal head (features of part 0 of the full-pool
-# regeneration, ~1,900 answers x 48 anchors, one bf16 target forward each, then a few cheap epochs of the small module,
-# the held-out best kept; ~40 minutes on one core), then what it costs per round beside a verify pass (a timing: on a
+# Beyond the paper (issue 19): the path correction beside the causal head (features of the first 1,582 answers of
+# part 0 of the full-pool regeneration x 48 anchors, one bf16 target forward each, then a few cheap epochs of the
+# small module, the held-out best kept; ~40 minutes on one core; `jetflow unpack` of data/regen gives the part), then what it costs per round beside a verify pass (a timing: on a
 # shared machine run it alone, e.g. through a lock).
 .PHONY: correction
 correction: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m jetflow train-correction --data $(HOME)/.cache/jetflow/regen-smollm2-135m-bfloat16-all-256/part-00-of-08.jsonl \
-	    --max-seqs 0 --epochs 5
+	    --max-seqs 1582 --epochs 4
 	$(PY) -m jetflow results cpu-correction-cost
 
 .PHONY: heads

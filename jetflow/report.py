@@ -347,6 +347,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "train-throughput": train_throughput,
     "replay-correction": correction_gain,
     "replay-stop": lambda res: stop_vs_fixed(res, "cpu-replay-stop"),
+    "pc-bf16": lambda res: grid(res, ["cpu-pc-bf16-gsm8k", "cpu-pc-bf16-math500"]),
+    "pc-fp32": lambda res: grid(res, ["cpu-pc-fp32-gsm8k", "cpu-pc-fp32-math500"]),
 }
 
 
@@ -356,7 +358,7 @@ DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout)
     "docs/scale.md": ("train-throughput",),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
-                        "replay-stop", "replay-correction"),
+                        "replay-stop", "replay-correction", "pc-bf16", "pc-fp32"),
 }
 
 

@@ -87,6 +87,10 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("cpu-diagnosis-correction", ("diagnose", "--limit", str(TREES_LIMIT), "--max-new-tokens", "256", "--datasets",
                                        "gsm8k", "--heldout", "24"), "results", 7),
     Entry("cpu-correction-cost", ("correction-cost",), "correction-cost", 1),  # timed: run it with the machine to itself
+    # the corrected builder decoded against AR in the same run: bf16 for speed, fp32 for identity (the committed
+    # rows: one process at a time on an otherwise paused machine)
+    *_pair("cpu-pc-bf16", "results", 8, "ar,jetflow-pc,jetflow-pc+lookup", "8,16", "bfloat16"),
+    *_pair("cpu-pc-fp32", "results", 9, "ar,jetflow-pc", "16", "float32"),
     Entry("cpu-replay-tau-merged", ("replay", "--methods", "jetflow+lookup,ddtree+lookup,jetflow-bp+lookup",
                                     *COMMON, *REPLAY_DATASETS), "merged", 4),
     # eager vs compiled vs llama.cpp (docs/compiled.md): its own settings (3 prompts, 64 tokens, 2 threads)
