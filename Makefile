@@ -107,6 +107,12 @@ correction: $(STAMP)
 	    --max-seqs 1582 --epochs 4
 	$(PY) -m jetflow results cpu-correction-cost
 
+# Beyond the paper (issue 19, item 5): decoded tau under sample-and-match at T = 0.7 and 1.0 beside greedy (fp32)
+.PHONY: sampling
+sampling: $(STAMP)
+	for r in cpu-sampling-greedy cpu-sampling-t0.7 cpu-sampling-t1.0; do OMP_NUM_THREADS=1 $(PY) -m jetflow results $$r || exit 1; done
+	$(PY) -m jetflow report --write
+
 .PHONY: heads
 heads: $(STAMP)
 	mkdir -p $(HEADS_WORK)

@@ -87,6 +87,12 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("cpu-diagnosis-correction", ("diagnose", "--limit", str(TREES_LIMIT), "--max-new-tokens", "256", "--datasets",
                                        "gsm8k", "--heldout", "24"), "results", 7),
     Entry("cpu-correction-cost", ("correction-cost",), "correction-cost", 1),  # timed: run it with the machine to itself
+    # make sampling, beyond the paper: decoded tau of the best causal-head method and DDTree, greedy and
+    # sample-and-match at T = 0.7 and 1.0 (prompt i sampled with seed i), fp32 so greedy equals AR; tau only
+    *(Entry(f"cpu-sampling-{label}", ("bench", "--methods", "ar,jetflow-pc,ddtree", "--budgets", "32", "--datasets",
+                                      "gsm8k,math500", "--limit", "4", "--max-new-tokens", "128", "--dtype", "float32",
+                                      "--temperature", t), "sampling", 1)
+      for label, t in (("greedy", "0"), ("t0.7", "0.7"), ("t1.0", "1.0"))),
     # the corrected builder decoded against AR in the same run: bf16 for speed, fp32 for identity (the committed
     # rows: one process at a time on an otherwise paused machine)
     *_pair("cpu-pc-bf16", "results", 8, "ar,jetflow-pc,jetflow-pc+lookup", "8,16", "bfloat16"),

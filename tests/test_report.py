@@ -80,7 +80,9 @@ def test_headline_takes_each_methods_best_budget_within_its_own_run(tmp_path):
         _rows(tmp_path / f"other-{ds}", [
             {**base, "dataset": ds, "method": "lookup", "budget": 16, "tau": 9.0, "speedup": 9.0},  # not its source
             {**base, "dataset": ds, "method": "jetflow", "budget": 8, "tau": 2.5, "speedup": 1.9,
-             "identical_to_ar": 1, "dtype": "float32"}])
+             "identical_to_ar": 1, "dtype": "float32"},
+            {**base, "dataset": ds, "method": "jetflow", "budget": 16, "tau": 2.0, "speedup": 1.1,  # sampled:
+             "identical_to_ar": 0, "dtype": "float32", "temperature": 0.7}])  # not counted as fp32 identity
     table = report.headline(tmp_path, (("ar", "grid"), ("lookup", "grid"), ("jetflow", "other"))).splitlines()
     assert table[2] == "| ar | 1.00 / 1.00x (3/4) | 1.00 / 1.00x (3/4) |"
     assert table[3] == "| lookup | 2.10 / 1.60x (3/4), B=64 | 2.10 / 1.60x (3/4), B=64 |"
