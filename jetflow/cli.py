@@ -391,7 +391,7 @@ def cmd_replay(args) -> int:
     prompts = checks.prompt_source(lambda: prompt_sets(cfg))
     target = load_target(cfg.model, dtype="float32")
     traces = {ds: replay.ar_traces(target, ps, cfg.max_new_tokens, dataset=ds, progress=not args.json,
-                                   cache=cache / f"ar-{target.name.replace('/', '--')}-{ds}.jsonl")
+                                   cache=replay.trace_cache(target, ds, cache))
               for ds, ps in prompts.items()}
     rows = replay.replay(target, cfg.methods, traces, cfg.budgets, heads=cfg.heads, widths=cfg.widths,
                          progress=not args.json)

@@ -152,7 +152,7 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
     """Every ready point (k ascending, each head), then rows.json, table.md and the plot in ``out``."""
     from . import checks
     from .bench import prompt_sets
-    from .replay import ar_traces
+    from .replay import ar_traces, trace_cache
     from .report import write_rows
     from .target import load_target
     todo = [k for k in sorted(set(cfg.parts)) if ready(cfg.data, k)]
@@ -165,7 +165,7 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
     fp32_target = fp32_target or load_target(None, dtype="float32")  # replay: fp32, as the committed tau
     prompts = checks.prompt_source(lambda: prompt_sets(cfg))
     traces = {ds: ar_traces(fp32_target, ps, cfg.max_new_tokens, dataset=ds, progress=progress,
-                            cache=cache_dir() / "replay" / f"ar-{fp32_target.name.replace('/', '--')}-{ds}.jsonl")
+                            cache=trace_cache(fp32_target, ds))
               for ds, ps in prompts.items()}
     of_parts = int(data_files(cfg.data)[0].stem.rsplit("-of-", 1)[1])  # part-KK-of-NN: NN, however many exist yet
     rows = [r | {"of_parts": of_parts, "curve": asdict(cfg) | {"data": portable_path(cfg.data), "out": Path(cfg.out).name,

@@ -281,10 +281,10 @@ def heldout_traces(target, n: int, max_new_tokens: int, data_dir=None, progress:
 def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     """Diagnosis rows per dataset (AR answers from the replay cache, shipped causal head, fp32); where a
     path correction is saved beside the head, its corrected rows beside the head's own."""
-    from .data import cache_dir, load_prompts
+    from .data import load_prompts
     from .proposers import make_proposer
     from .provenance import environment
-    from .replay import ar_traces
+    from .replay import ar_traces, trace_cache
     from .target import load_target
     target = load_target(None, dtype="float32")
     proposer = make_proposer("jetflow", target, draft_dtype=torch.float32)
@@ -293,7 +293,7 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     sets = [(ds, None) for ds in cfg.datasets] + ([("heldout", cfg.heldout)] if cfg.heldout else [])
     for ds, n in sets:
         if n is None:
-            cache = cache_dir() / "replay" / f"ar-{target.name.replace('/', '--')}-{ds}.jsonl"
+            cache = trace_cache(target, ds)
             traces = ar_traces(target, load_prompts(ds, limit=cfg.limit, data_dir=cfg.data_dir), cfg.max_new_tokens,
                                dataset=ds, cache=cache, progress=progress)
         else:

@@ -86,6 +86,13 @@ class Trace:
     max_new_tokens: int
 
 
+def trace_cache(target, dataset: str, folder: str | Path | None = None) -> Path:
+    """The JSONL that caches ``target``'s AR traces of ``dataset`` (default folder: the jetflow cache's replay/)."""
+    from .data import cache_dir
+    folder = Path(folder) if folder is not None else cache_dir() / "replay"
+    return folder / f"ar-{target.name.replace('/', '--')}-{dataset}.jsonl"
+
+
 def ar_traces(target, prompts: Sequence[Mapping], max_new_tokens: int, *, dataset: str = "",
               cache: str | Path | None = None, progress: bool = True) -> list[Trace]:
     """Greedy AR answers of ``prompts`` ({"id", "prompt"} rows). With ``cache`` (a JSONL file), answers
