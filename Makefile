@@ -113,6 +113,20 @@ sampling: $(STAMP)
 	for r in cpu-sampling-greedy cpu-sampling-t0.7 cpu-sampling-t1.0; do OMP_NUM_THREADS=1 $(PY) -m jetflow results $$r || exit 1; done
 	$(PY) -m jetflow report --write
 
+# Beyond the paper (issue 20): replayed tau against training data. Both heads from scratch on the first 1, 2, 4 and 8
+# of the 8 parts of the full-pool regeneration (2 passes each), replayed on four benchmarks (docs/scale.md). The
+# parts the kit ships (data/regen) are unpacked, the rest regenerated (~45 min a part on a free core), then every
+# point trains (~10 min per part and pass for each head on a free core) and replays; each step resumes when rerun.
+# the curve's default --data: the cache folder's full-pool regeneration
+REGEN_ALL := $(or $(JETFLOW_CACHE),$(HOME)/.cache/jetflow)/regen-smollm2-135m-bfloat16-all-256
+.PHONY: curve
+curve: $(STAMP)
+	$(PY) -m jetflow unpack --packed data/regen/smollm2-135m-bfloat16-all-256 --out $(REGEN_ALL)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow regenerate --n 0 --chunks 8 --max-new-tokens 256 --batch-size 16 --dtype bfloat16 \
+	    --out $(REGEN_ALL)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-tau-curve
+	$(PY) -m jetflow report --write
+
 .PHONY: heads
 heads: $(STAMP)
 	mkdir -p $(HEADS_WORK)

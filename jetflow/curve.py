@@ -159,7 +159,8 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
     skipped = sorted(set(cfg.parts) - set(todo))
     if not todo:
         raise ValueError(f"no point is ready: parts 0..{min(cfg.parts) - 1} of {cfg.data} are not all whole yet "
-                         "(python -m jetflow regenerate --chunks K writes them)")
+                         "(python -m jetflow regenerate --chunks K writes them; python -m jetflow unpack --packed "
+                         f"data/regen/{DEFAULT_DATA} --out {cfg.data} restores the parts the kit ships)")
     checks.writable_dir(cfg.out, "--out")
     target = target or load_target(None, dtype="bfloat16")   # the cached taps' dtype
     fp32_target = fp32_target or load_target(None, dtype="float32")  # replay: fp32, as the committed tau
@@ -179,11 +180,11 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
     return rows
 
 
-def to_markdown(rows: list[dict]) -> str:
-    """One line per head method, dataset and k: response tokens seen, held-out depth-1 accuracy, tau per budget."""
+def table(rows: list[dict]) -> str:
+    """One line per head method, dataset and k: response tokens seen, held-out depth-1 accuracy, tau per budget;
+    then the recipe (docs/scale.md shows this)."""
     budgets = sorted({r["budget"] for r in rows})
-    lines = ["# Replayed tau against training data", "",
-             "| method | dataset | parts | response tokens seen | held-out acc1 | "
+    lines = ["| method | dataset | parts | response tokens seen | held-out acc1 | "
              + " | ".join(f"B={b}" for b in budgets) + " |", "|---|---|---|---|---|" + "---|" * len(budgets)]
     cells: dict[tuple, dict] = {}
     for r in rows:
@@ -198,7 +199,28 @@ def to_markdown(rows: list[dict]) -> str:
               f"loss ce, cached taps, draft vocabulary {c['draft_vocab']}, seed {c['seed']}; replayed greedy tau "
               f"(fp32) on the first {c['limit']} prompts, {c['max_new_tokens']} new tokens. "
               "Command: python -m jetflow curve (jetflow/curve.py)."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
+
+
+def to_markdown(rows: list[dict]) -> str:
+    """The results folder's table.md."""
+    return f"# Replayed tau against training data\n\n{table(rows)}\n"
+
+
+def summary(rows: list[dict], budget: int) -> list[str]:
+    """One line per head method and k: the response tokens seen and the replayed tau on each dataset at ``budget``
+    (notebook 02 prints these)."""
+    picked = [r for r in rows if r["budget"] == budget]
+    if not picked:
+        raise ValueError(f"no row at budget {budget}; the rows have budgets {sorted({r['budget'] for r in rows})}")
+    lines = []
+    for method in dict.fromkeys(r["method"] for r in picked):
+        for k in sorted({r["parts"] for r in picked if r["method"] == method}):
+            point = [r for r in picked if r["method"] == method and r["parts"] == k]
+            taus = ", ".join(f"{r['dataset']} {r['tau']:.2f}" for r in point)
+            lines.append(f"{method:10s} k = {k}/{point[0]['of_parts']}, {point[0]['response_tokens_seen']:>10,} response "
+                         f"tokens seen: tau at budget {budget}: {taus}")
+    return lines
 
 
 def plot(rows: list[dict], budget: int | None = None):

@@ -330,6 +330,12 @@ def train_throughput(results: Path, name: str = "cpu-train-throughput") -> str:
     return table(load(results, name))
 
 
+def tau_curve(results: Path, name: str = "cpu-tau-curve") -> str:
+    """Replayed tau of both heads against the training data they saw (docs/scale.md)."""
+    from .curve import table
+    return table(load(results, name))
+
+
 GRID = tuple(f"cpu-table-bf16-{ds}" for ds in ("gsm8k", "math500", "humaneval", "mt_bench"))
 TABLES: dict[str, Callable[[Path], str]] = {
     "replay-tau": replay_tau,
@@ -352,13 +358,14 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "sampling": sampling,
     "pc-bf16": lambda res: grid(res, ["cpu-pc-bf16-gsm8k", "cpu-pc-bf16-math500"]),
     "pc-fp32": lambda res: grid(res, ["cpu-pc-fp32-gsm8k", "cpu-pc-fp32-math500"]),
+    "tau-curve": tau_curve,
 }
 
 
 DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout) -> its tables
     "README.md": ("headline",),
     "docs/cli.md": ("cli-help",),
-    "docs/scale.md": ("train-throughput",),
+    "docs/scale.md": ("train-throughput", "tau-curve"),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
                         "replay-stop", "replay-correction", "sampling", "pc-bf16", "pc-fp32"),

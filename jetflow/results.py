@@ -39,11 +39,13 @@ class Entry:
     def renderer(self) -> Callable[[list[dict]], str]:
         """rows -> the folder's table.md (the subcommand's own table)."""
         from .correction_train import cost_markdown
+        from .curve import to_markdown as curve_markdown
         from .profile import diagnosis_markdown
         from .speed import to_markdown as speed_markdown
         from .throughput import to_markdown as throughput_markdown
         return {"replay": replay_markdown, "diagnose": diagnosis_markdown, "speed": speed_markdown,
-                "correction-cost": cost_markdown, "throughput": throughput_markdown}.get(self.argv[0], bench_markdown)
+                "correction-cost": cost_markdown, "throughput": throughput_markdown,
+                "curve": curve_markdown}.get(self.argv[0], bench_markdown)
 
 
 def _bench(name, group, batch, methods, dataset, budgets, dtype, *extra) -> Entry:
@@ -103,6 +105,9 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("cpu-compiled", ("speed",), "compiled", 1),
     # training throughput, cached taps vs the online target forward (docs/scale.md): 1 thread, bf16 target
     Entry("cpu-train-throughput", ("throughput",), "throughput", 1),
+    # tau against training data (docs/scale.md, issue 20): both heads from scratch on the first k of the 8 parts of the
+    # full-pool regeneration, replayed; resumable, and rerun as parts arrive (one point's heads ~8 min per part-pass)
+    Entry("cpu-tau-curve", ("curve",), "curve", 1),
 )}
 GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
 

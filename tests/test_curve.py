@@ -9,7 +9,7 @@ import torch
 
 from jetflow import curve
 from jetflow.cli import main
-from jetflow.curve import CurveConfig, ready, run, to_markdown, train_config
+from jetflow.curve import CurveConfig, ready, run, summary, to_markdown, train_config
 
 SETTINGS = dict(anchors=4, seqs_per_step=2, passes=1.0, draft_vocab=64, max_len=64, datasets=("gsm8k", "mt_bench"),
                 limit=2, max_new_tokens=6, budgets=(4, 8), data_dir="fixtures")
@@ -72,6 +72,12 @@ def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys
     table = (out / "table.md").read_text()
     assert table == to_markdown(rows) and table.count("| jetflow | gsm8k |") == 2 and "1/3" in table and "2/3" in table
     assert "plotly" in (out / curve.PLOT).read_text()
+    lines = summary(rows, 8)  # a line per head method and point, a tau per dataset
+    assert len(lines) == 4 * 2 and all("gsm8k" in l and "mt_bench" in l for l in lines)
+    first = next(r for r in rows if r["method"] == "jetflow" and r["parts"] == 1 and r["budget"] == 8)
+    assert lines[0].startswith("jetflow    k = 1/3") and f"{first['dataset']} {first['tau']:.2f}" in lines[0]
+    with pytest.raises(ValueError, match="no row at budget 5"):
+        summary(rows, 5)
     # rerunning trains and replays only the points not done yet: here the one whose part has since finished
     import jetflow.replay
     import jetflow.train

@@ -54,6 +54,19 @@ def test_the_entry_reproduces_the_committed_folder(name):
         assert {r["steps"] for r in rows} == {cfg.steps} and {r["dtype"] for r in rows} == {cfg.dtype}
         assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
         return
+    if results.entry(name).argv[0] == "curve":  # the ready points of the curve, each head replayed at every budget
+        from jetflow.curve import HEADS, CurveConfig
+        args = build_parser().parse_args(results.command(name))
+        cfg = CurveConfig(**given(args, CurveConfig))
+        assert {r["parts"] for r in rows} <= set(cfg.parts) and {r["head"] for r in rows} == set(cfg.heads)
+        for r in rows:
+            assert r["method"] in HEADS[r["head"]][1] and r["passes"] == cfg.passes
+        points = {(r["parts"], r["head"]) for r in rows}
+        assert sorted((r["parts"], r["head"], r["method"], r["dataset"], r["budget"]) for r in rows) == sorted(
+            (k, h, m, d, b) for k, h in points for m in HEADS[h][1] for d in cfg.datasets for b in cfg.budgets)
+        assert {r["n_prompts"] for r in rows} == {cfg.limit} and {r["dtype"] for r in rows} == {"float32"}
+        assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
+        return
     cfg = config_of(name)
     if isinstance(cfg, DiagnoseConfig):
         heldout = ["heldout"] if cfg.heldout else []
