@@ -83,7 +83,7 @@ gpu-check: $(STAMP)
 	$(PY) -m jetflow gpu-check --out data/results/gpu-check.json
 
 # Screenshots of the notebooks as a browser shows them (JupyterLab + headless Chromium, smoke mode):
-# every key figure of notebooks 00, 01, 03 and 05 as notebooks/figures/*.png (the notebooks show them for readers
+# every key figure of notebooks 00, 01, 02, 03 and 05 as notebooks/figures/*.png (the notebooks show them for readers
 # without a kernel), and the explorer before and after a dropdown change and a node click, checked to change what
 # it shows (the browser interaction test). JETFLOW_HEADS_DIR passes through.
 .PHONY: screenshots

@@ -49,6 +49,7 @@ TARGETS = {
         ("01_round.png", re.compile(r"viz\.tree_figure\(rnd"), 1),
         ("01_cost.png", re.compile(r"viz\.verify_cost\("), 1),
         ("01_sampling.png", re.compile(r"viz\.distribution_check\("), 1)],
+    "02_train_a_draft_head": [("02_tau_curve.png", re.compile(r"curve\.plot\(curve_rows"), 1)],
     "03_tree_explorer": [("03_acceptance_heatmap.png", re.compile(r"viz\.acceptance_heatmap\("), 1)],
     "05_budget_scaling": [("05_live_tau.png", re.compile(r'viz\.budget_curve\(tree_rows, "tau"\)'), 1),
                           ("05_replayed_tau.png", re.compile(r'in METHODS\], "tau"\)'), 1),
