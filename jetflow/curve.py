@@ -207,12 +207,18 @@ def to_markdown(rows: list[dict]) -> str:
     return f"# Replayed tau against training data\n\n{table(rows)}\n"
 
 
-def summary(rows: list[dict], budget: int) -> list[str]:
-    """One line per head method and k: the response tokens seen and the replayed tau on each dataset at ``budget``
-    (notebook 02 prints these)."""
+def at_budget(rows: list[dict], budget: int) -> list[dict]:
+    """The rows replayed at ``budget``; a budget the rows lack is an error naming the ones they have."""
     picked = [r for r in rows if r["budget"] == budget]
     if not picked:
         raise ValueError(f"no row at budget {budget}; the rows have budgets {sorted({r['budget'] for r in rows})}")
+    return picked
+
+
+def summary(rows: list[dict], budget: int) -> list[str]:
+    """One line per head method and k: the response tokens seen and the replayed tau on each dataset at ``budget``
+    (notebook 02 prints these)."""
+    picked = at_budget(rows, budget)
     lines = []
     for method in dict.fromkeys(r["method"] for r in picked):
         for k in sorted({r["parts"] for r in picked if r["method"] == method}):

@@ -48,9 +48,8 @@ def heads_curves(histories: Mapping[str, Sequence[dict]], title: str = "Held-out
 def data_curve(rows: Sequence[dict], budget: int) -> go.Figure:
     """Replayed tau at ``budget`` against the response tokens each head saw in training (log x): one panel
     per dataset, one line per head method (``jetflow.curve`` rows: ``response_tokens_seen``, ``tau``)."""
-    picked = [r for r in rows if r["budget"] == budget]
-    if not picked:
-        raise ValueError(f"no row at budget {budget}; the rows have budgets {sorted({r['budget'] for r in rows})}")
+    from .curve import at_budget
+    picked = at_budget(list(rows), budget)
     datasets, methods = list(dict.fromkeys(r["dataset"] for r in picked)), list(dict.fromkeys(r["method"] for r in picked))
     fig = make_subplots(rows=1, cols=len(datasets), subplot_titles=datasets, shared_yaxes=True)
     for col, ds in enumerate(datasets, start=1):
