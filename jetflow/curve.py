@@ -61,6 +61,8 @@ class CurveConfig:
     budgets: tuple[int, ...] = option((16, 64, 255), "replayed budgets, comma list", parse=_ints)
     data_dir: str | None = option(None, "offline data folder of the benchmarks (default: $JETFLOW_DATA_DIR, else the hub)")
     seed: int = option(0, "training seed of every point")
+    holdout: int = option(48, "rows of the regeneration's last part that no point trains on (train --holdout): "
+                          "the acceptance profile's prompts for the heads of the point that reaches that part")
 
     prompts_file = None  # ``bench.prompt_sets`` reads the benchmark prompts of this config
 
@@ -87,13 +89,16 @@ def ready(data: str | Path, k: int) -> bool:
 
 
 def train_config(cfg: CurveConfig, k: int, head: str, taps_dir: Path):
-    """The point's TrainConfig: the one recipe, its data (the first k parts) and its step count."""
+    """The point's TrainConfig: the one recipe, its data (the first k parts) and its step count; the point
+    that reaches the last part holds ``cfg.holdout`` of its rows out (the other points never see that part)."""
     from .train import TrainConfig, split_data
+    last = k >= int(data_files(cfg.data)[0].stem.rsplit("-of-", 1)[1])  # part-KK-of-NN: k reaches part NN-1
     base = TrainConfig.from_name("cpu", data=cfg.data, parts=k, taps="cached", taps_dir=str(taps_dir), loss="ce",
+                                 holdout=cfg.holdout if last else 0,
                                  out=str(point_dir(cfg, k, head)), gamma_start=0.5, anchors_per_seq=cfg.anchors,
                                  seqs_per_step=cfg.seqs_per_step, lr=cfg.lr, draft_vocab=cfg.draft_vocab,
                                  max_len=cfg.max_len, seed=cfg.seed, **HEADS[head][0])
-    steps = max(1, math.ceil(cfg.passes * len(split_data(base)[3]) / cfg.seqs_per_step))
+    steps = max(1, math.ceil(cfg.passes * len(split_data(base).indexed) / cfg.seqs_per_step))
     return replace(base, steps=steps, eval_every=max(1, steps // 4), save_every=min(200, steps))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -159,11 +159,39 @@ def heldout_prompts(n: int, *, after: int = 3030, seed: int = 0, data_dir=None) 
     return [p for p in training_prompts(after + n, seed=seed, data_dir=data_dir) if p["id"] not in seen]
 
 
+def holdout_prompts(data: str | Path, n: int, *, seed: int = 0, data_dir=None) -> list[dict]:
+    """The prompts of the ``n`` rows that ``train --holdout n`` kept out of a head trained on ``data`` (a
+    regenerated file, or a chunked folder: rows of its last part), from the training pool of ``seed``."""
+    from .data import data_files, load_regenerated, training_pool
+    from .train import holdout_rows
+    last = data_files(data)[-1]
+    rows = load_regenerated(last)
+    ids = {rows[i]["id"] for i in holdout_rows(rows, n, last)}
+    prompts = [p for p in training_pool(seed=seed, data_dir=data_dir) if p["id"] in ids]
+    if len(prompts) != len(ids):
+        raise ValueError(f"{len(ids) - len(prompts)} of the {n} held-out ids of {last} are not in the training "
+                         "pool of this data folder (another --data-dir or seed?)")
+    return prompts
+
+
+def check_holdout(head: Path, ids: set[str]) -> None:
+    """Refuse to profile ``head`` on prompts it may have trained on: its provenance must list ``ids`` as the
+    rows its training held out (``train --holdout``)."""
+    prov = head / "provenance.json"
+    kept = set(json.loads(prov.read_text())["data"].get("holdout_ids", ())) if prov.is_file() else set()
+    if kept != ids:
+        raise ValueError(f"{head} was not trained with these {len(ids)} rows held out (its provenance.json lists "
+                         f"{len(kept)} held-out ids); train it with --holdout {len(ids)} on the same data")
+
+
 @dataclass(frozen=True)
 class ProfileConfig:
     """``python -m jetflow profile``: the causal head's acceptance profile from held-out training prompts."""
     n: int = option(48, "held-out training prompts (drawn after the heads' own)")
     after: int = option(3030, "training prompts the head was trained on (training_prompts(after))")
+    data: str | None = option(None, "the head's training data when it was trained with --holdout N (N = --n): "
+                              "profile the prompts of those held-out rows instead of drawing after --after",
+                              parse=lambda text: str(Path(text).expanduser()))
     max_new_tokens: int = option(256, "new tokens per answer")
     max_prompt_tokens: int = option(256, "longer prompts are skipped")
     ranks: int = option(32, "ranks R per depth the profile keeps")
@@ -228,7 +256,7 @@ def diagnosis_markdown(rows: Sequence[dict]) -> str:
 def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     """Answer ``cfg.n`` held-out training prompts greedily (batched, fp32, resumable in the jetflow
     cache), count the causal head's acceptance on them, save the profile beside the head."""
-    from .data import cache_dir, load_regenerated, regenerate
+    from .data import cache_dir, load_regenerated, portable_path, regenerate
     from .flags import command_line
     from .proposers import make_proposer, shipped_head_dir
     from .provenance import environment
@@ -236,15 +264,21 @@ def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     from .target import load_target
     out = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
     target = load_target(None, dtype="float32")
-    prompts = heldout_prompts(cfg.n, after=cfg.after, data_dir=cfg.data_dir)
-    answers = cache_dir() / "replay" / f"heldout-after{cfg.after}-n{cfg.n}-{cfg.max_new_tokens}.jsonl"
+    if cfg.data:
+        prompts = holdout_prompts(cfg.data, cfg.n, data_dir=cfg.data_dir)
+        check_holdout(Path(cfg.head or out), {p["id"] for p in prompts})
+        answers = cache_dir() / "replay" / f"holdout-{Path(cfg.data).name}-n{cfg.n}-{cfg.max_new_tokens}.jsonl"
+    else:
+        prompts = heldout_prompts(cfg.n, after=cfg.after, data_dir=cfg.data_dir)
+        answers = cache_dir() / "replay" / f"heldout-after{cfg.after}-n{cfg.n}-{cfg.max_new_tokens}.jsonl"
     regenerate(target, prompts, answers, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
                max_prompt_tokens=cfg.max_prompt_tokens, progress=progress)
     traces = [Trace("training", r["id"], r["prompt_ids"], r["response_ids"], cfg.max_new_tokens)
               for r in load_regenerated(answers) if len(r["response_ids"]) > 1]
     proposer = make_proposer("jetflow", target, head=cfg.head or str(out), draft_dtype=torch.float32)
     counts = counts_of(proposer, traces, cfg.ranks, progress)
-    command = command_line(cfg, ProfileConfig(), ["python", "-m", "jetflow", "profile"], skip=("data_dir",),
+    shown = replace(cfg, data=portable_path(cfg.data)) if cfg.data else cfg
+    command = command_line(shown, ProfileConfig(), ["python", "-m", "jetflow", "profile"], skip=("data_dir",),
                            always=("n", "max_new_tokens", "ranks"))
     provenance = {"command": command, "prompts": [t.id for t in traces], "anchors": sum(len(t.tokens) - 1 for t in traces),
                   "answers": "greedy, batched (left-padded), fp32 target; drafts fp32", **environment(target)}

@@ -43,7 +43,8 @@ def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[d
     data = {"file": path.name, "path": portable_path(path), **({"parts": [f.name for f in files]} if path.is_dir() else {}),
             "sha256": run.data_sha256, "sequences": len(rows),
             "train_sequences": len(run.train_seqs), "eval_sequences": len(run.eval_seqs),
-            "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common())}
+            "mix": dict(Counter(str(r["id"]).split(":")[0] for r in rows).most_common()),
+            **({"holdout_ids": run.holdout_ids} if run.holdout_ids else {})}  # never trained on (train --holdout)
     meta = files[0].with_name(files[0].name + ".meta.json")  # written by `python -m jetflow regenerate`
     data["command"] = json.loads(meta.read_text()).get("command") if meta.is_file() else None
     prov = {"command": command_for(cfg), "lineage": lineage(cfg), "data": data, "tokens": state.tokens, "steps": state.step,

@@ -46,6 +46,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +68,7 @@ from .taps import CachedTaps, OnlineTaps, cache_for, default_dir, sequence_ids
 
 BUILTIN_INITS = ("target", "random")  # any other ``init`` names a trained head's directory (warm start)
 PRECISIONS, ATTENTIONS = ("auto", "float32", "bfloat16"), ("auto", "blocks", "packed")
-LEGACY = {"precision": "float32", "attention": "packed"}  # what checkpoints written before these fields used
+LEGACY = {"precision": "float32", "attention": "packed", "holdout": 0}  # what checkpoints before these fields used
 
 
 def _init_path(text: str) -> str:
@@ -83,6 +84,9 @@ class TrainConfig:
                        required=True)
     parts: int = option(0, "with a chunked --data folder: train on its first K parts (0: all); the "
                         "held-out rows are part 0's last, whatever K")
+    holdout: int = option(0, "never train on N evenly spaced rows of the chunked --data folder's last part (or "
+                          "of a single --data file), when the data reaches it: a head trained on the whole pool "
+                          "keeps prompts for its acceptance profile (python -m jetflow profile --data)")
     taps: str = option("online", "online: the target runs over each sequence every step; cached: read "
                        "the taps cache (python -m jetflow taps), the step is the head's alone (loss ce)",
                        choices=("online", "cached"))
@@ -139,6 +143,7 @@ class TrainConfig:
             (self.taps == "cached" and self.loss == "kl", "cached taps hold no teacher distribution: "
              "train with --loss ce, or with --taps online for kl"),
             (self.parts < 0, f"parts must be >= 0 (0: all), got {self.parts}"),
+            (self.holdout < 0, f"holdout must be >= 0, got {self.holdout}"),
             (self.init not in BUILTIN_INITS and not (Path(self.init) / "config.json").is_file(),
              f"init must be target, random or a head directory holding config.json, got {self.init!r}"),
             (self.dtype not in DTYPES, f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"),
@@ -347,6 +352,7 @@ class TrainingRun:
     train_rows: list = field(default_factory=list)  # the data row of each training sequence
     source: object = None         # the taps source: (row, ids, logits) -> (teacher logits | None, taps)
     data_sha256: str = ""         # the data files by content (resume refuses other data)
+    holdout_ids: list = field(default_factory=list)  # the ids of the rows --holdout kept out of training
 
     @property
     def head(self) -> DraftHead:
@@ -507,7 +513,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
     from accelerate.utils import set_seed
     if not cfg.out:
         raise ValueError("TrainConfig.out (--out) must name an output directory")
-    files, rows, held, indexed = split_data(cfg)
+    files, rows, held, indexed, holdout = split_data(cfg)
     accelerator = Accelerator(step_scheduler_with_optimizer=False)  # one global step = one scheduler step
     check_launch(accelerator)
     if cfg.seqs_per_step % accelerator.num_processes:
@@ -515,7 +521,7 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
                          f"processes ({accelerator.num_processes})")
     set_seed(cfg.seed)
     target = target or load_target(cfg.model, dtype=cfg.dtype, device=str(accelerator.device))
-    training = [r for i, r in enumerate(rows) if i not in held]  # the draft vocabulary's rows
+    training = [r for i, r in enumerate(rows) if i not in held and i not in holdout]  # the draft vocabulary's
     head = build_head(cfg, target, training)
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.steps, cfg.warmup))
@@ -523,14 +529,22 @@ def setup(cfg: TrainConfig, target=None) -> tuple[TrainingRun, list[dict]]:
     run = TrainingRun(cfg, target, accelerator, blocks, optimizer, scheduler, [seq for _, seq in indexed],
                       as_sequences([rows[i] for i in held], cfg.max_len), Path(cfg.out),
                       train_rows=[i for i, _ in indexed], source=taps_source(cfg, target, files, head),
-                      data_sha256=files_sha256(files))
+                      data_sha256=files_sha256(files), holdout_ids=[rows[i]["id"] for i in sorted(holdout)])
     run.out.mkdir(parents=True, exist_ok=True)
     return run, rows
 
 
-def split_data(cfg: TrainConfig) -> tuple[list[Path], list[dict], range, list]:
-    """(data files, all their rows, the held-out row numbers, the indexed training sequences): held out are
-    the first file's last eval_seqs rows (the same for every --parts), trained on the rest that keep an anchor."""
+class Split(NamedTuple):
+    files: list[Path]       # the data files
+    rows: list[dict]        # all their rows
+    held: range             # the evaluation rows: the first file's last eval_seqs (the same for every --parts)
+    indexed: list           # (row, (ids, prompt_len)) of the training sequences
+    holdout: frozenset      # rows never trained on for the acceptance profile (``holdout_rows``)
+
+
+def split_data(cfg: TrainConfig) -> Split:
+    """The data, split: the evaluation rows are held out, the ``holdout`` rows of the data's last part too
+    when the files reach it, the rest that keep an anchor are trained on."""
     files = data_files(cfg.data, cfg.parts)
     per_file = [load_regenerated(f) for f in files]
     rows = [r for part in per_file for r in part]
@@ -538,10 +552,30 @@ def split_data(cfg: TrainConfig) -> tuple[list[Path], list[dict], range, list]:
     if n0 <= cfg.eval_seqs:
         raise ValueError(f"{files[0]} has {n0} sequences; need more than eval_seqs={cfg.eval_seqs}")
     held = range(n0 - cfg.eval_seqs, n0)
-    indexed = indexed_sequences(rows, [i for i in range(len(rows)) if i not in held], cfg.max_len)
+    kept = set(held)
+    if cfg.holdout and files[-1] == data_files(cfg.data)[-1]:
+        first = len(rows) - len(per_file[-1])
+        tail = {first + i for i in holdout_rows(per_file[-1], cfg.holdout, files[-1])}
+        if tail & kept:
+            raise ValueError(f"{files[-1]} is too short to hold out {cfg.holdout} rows beside the "
+                             f"{cfg.eval_seqs} evaluation rows")
+        kept |= tail
+    indexed = indexed_sequences(rows, [i for i in range(len(rows)) if i not in kept], cfg.max_len)
     if not indexed:
         raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
-    return files, rows, held, indexed
+    return Split(files, rows, held, indexed, frozenset(kept - set(held)))
+
+
+def holdout_rows(rows: list[dict], n: int, path: Path | str = "the data") -> list[int]:
+    """The row numbers ``train --holdout n`` never trains on in the data's last file: n evenly spaced rows
+    (a regenerated file is sorted by prompt length, so they span all lengths). A chunked part must be
+    whole (``regenerate`` writes its .meta.json at the end), or the rows would move as it grows."""
+    path = Path(path)
+    if not 0 < n < len(rows):
+        raise ValueError(f"cannot hold out {n} of the {len(rows)} rows of {path}")
+    if path.name.startswith("part-") and not path.with_name(path.name + ".meta.json").is_file():
+        raise ValueError(f"{path} is still being regenerated (no {path.name}.meta.json); hold rows out of a whole part")
+    return [i * len(rows) // n for i in range(n)]
 
 
 def taps_source(cfg: TrainConfig, target, files: list[Path], head: DraftHead):

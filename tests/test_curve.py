@@ -12,7 +12,7 @@ from jetflow.cli import main
 from jetflow.curve import CurveConfig, ready, run, summary, to_markdown, train_config
 
 SETTINGS = dict(anchors=4, seqs_per_step=2, passes=1.0, draft_vocab=64, max_len=64, datasets=("gsm8k", "mt_bench"),
-                limit=2, max_new_tokens=6, budgets=(4, 8), data_dir="fixtures")
+                limit=2, max_new_tokens=6, budgets=(4, 8), data_dir="fixtures", holdout=2)
 
 
 def write_part(folder, k, n, whole=True, seed=0):
@@ -88,6 +88,9 @@ def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys
     write_part(folder, 2, 5)  # part 2 of 3 is whole now; --parts 4 still waits
     more = run(replace(cfg, parts=(1, 2, 3, 4)), tiny_target, tiny_target, progress=False)
     assert trained == [(3, True), (3, False)] and {r["parts"] for r in more} == {1, 2, 3}
+    # only the point that reaches the last part holds its 2 profile rows out: 45 rows - 16 evaluation - 2
+    assert {r["train_sequences"] for r in more if r["parts"] == 3} == {27}
+    assert {"--holdout 2" in r["train_command"] for r in more} == {True, False}
     replayed, real_replay = [], jetflow.replay.replay
     monkeypatch.setattr(jetflow.replay, "replay", lambda *a, **k: replayed.append(a[3]) or real_replay(*a, **k))
     state = tmp_path / "work" / "causal-k1" / "checkpoint" / "train_state.json"

@@ -143,3 +143,24 @@ def test_corrected_ranks_equal_a_loop():
                 row = paths[i, j - 1, parent].tolist()
                 want = sorted(row, reverse=True).index(row[child])
             assert got[i, j] == want, (i, j)
+
+
+def test_holdout_prompts_are_the_rows_training_kept_out_and_the_head_must_say_so(tmp_path):
+    """`profile --data` answers the prompts of the rows `train --holdout` never trained on, and refuses a head
+    whose provenance does not list exactly them."""
+    import json
+    from jetflow.data import training_pool
+    pool = training_pool(data_dir="fixtures")
+    rows = [{"id": p["id"], "prompt_ids": [1, 2], "response_ids": [3, 4]} for p in pool[:10]]
+    data = tmp_path / "regen.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in [{"settings": {}}] + rows))
+    prompts = pf.holdout_prompts(data, 3, data_dir="fixtures")
+    assert {p["id"] for p in prompts} == {rows[i]["id"] for i in (0, 3, 6)} and all(p["prompt"] for p in prompts)
+    head = tmp_path / "head"
+    head.mkdir()
+    with pytest.raises(ValueError, match="lists 0 held-out ids"):
+        pf.check_holdout(head, {p["id"] for p in prompts})
+    (head / "provenance.json").write_text(json.dumps({"data": {"holdout_ids": [rows[i]["id"] for i in (0, 3, 6)]}}))
+    pf.check_holdout(head, {p["id"] for p in prompts})
+    with pytest.raises(ValueError, match="not trained with these 2 rows"):
+        pf.check_holdout(head, {rows[0]["id"], rows[3]["id"]})

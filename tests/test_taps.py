@@ -215,3 +215,35 @@ def test_cli_taps_on_the_embedded_target_holds_its_taps(smol, tmp_path):
         seq = sequence_ids(row, 24)
         _, online = smol.sequence_taps(seq, layers, logits=False)
         assert torch.equal(cache(i, seq)[1], online.to(torch.bfloat16)) and online.shape[1:] == (2, 576)
+
+
+# ----------------------------------------------------------------------------- --holdout
+def whole(folder):
+    for part in folder.glob("part-*.jsonl"):
+        part.with_name(part.name + ".meta.json").write_text("{}")
+    return folder
+
+
+def test_holdout_keeps_evenly_spaced_rows_of_the_last_part_out_of_training(target, folder, tmp_path):
+    from jetflow.train import holdout_rows, split_data
+    cfg = cached_cfg(whole(folder), tmp_path / "run", max_len=32, eval_seqs=2, parts=3, holdout=2)
+    split = split_data(cfg)
+    assert split.holdout == {10, 12}                           # part 2 holds rows 10..14: its rows 0 and 2
+    assert not split.holdout & {i for i, _ in split.indexed} and len(split.indexed) == 15 - 2 - 2
+    assert split_data(dataclasses.replace(cfg, parts=2)).holdout == frozenset()  # part 2 not reached: all kept
+    assert holdout_rows(fake_rows(10), 4) == [0, 2, 5, 7]
+    head, _ = train(dataclasses.replace(cfg, taps="online"), target, progress=False)
+    prov = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert prov["data"]["holdout_ids"] == [fake_rows(5, seed=2)[i]["id"] for i in (0, 2)]
+    assert prov["data"]["train_sequences"] == 11 and "--holdout 2" in prov["command"]
+
+
+def test_holdout_refuses_a_part_still_growing_or_too_short(folder, tmp_path):
+    from jetflow.train import split_data
+    cfg = cached_cfg(folder, tmp_path / "run", max_len=32, eval_seqs=2, parts=3, holdout=2)
+    with pytest.raises(ValueError, match="still being regenerated"):
+        split_data(cfg)
+    with pytest.raises(ValueError, match="cannot hold out 5 of the 5 rows"):
+        split_data(dataclasses.replace(cfg, data=str(whole(folder)), holdout=5))
+    with pytest.raises(ValueError, match="holdout must be >= 0"):
+        dataclasses.replace(cfg, holdout=-1)
