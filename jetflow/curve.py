@@ -204,6 +204,36 @@ def table(rows: list[dict]) -> str:
               f"loss ce, cached taps, draft vocabulary {c['draft_vocab']}, seed {c['seed']}; replayed greedy tau "
               f"(fp32) on the first {c['limit']} prompts, {c['max_new_tokens']} new tokens. "
               "Command: python -m jetflow curve (jetflow/curve.py)."]
+    if len({r["parts"] for r in rows}) > 1:
+        budget = budgets[len(budgets) // 2]
+        lines += ["", f"Tau gained per doubling of the response tokens seen, at budget {budget}, between consecutive "
+                  "points (the curve bends where this falls):", "", gains_table(rows, budget)]
+    return "\n".join(lines)
+
+
+def gains(rows: list[dict], budget: int) -> list[dict]:
+    """Per head method and dataset, between each two consecutive points k_a < k_b: the tau gained at ``budget``
+    per doubling of the response tokens seen, (tau_b - tau_a) / log2(seen_b / seen_a)."""
+    picked = at_budget(rows, budget)
+    out = []
+    for method, ds in dict.fromkeys((r["method"], r["dataset"]) for r in picked):
+        pts = sorted((r for r in picked if (r["method"], r["dataset"]) == (method, ds)), key=lambda r: r["parts"])
+        out += [{"method": method, "dataset": ds, "from": a["parts"], "to": b["parts"], "budget": budget,
+                 "per_doubling": (b["tau"] - a["tau"]) / math.log2(b["response_tokens_seen"] / a["response_tokens_seen"])}
+                for a, b in zip(pts, pts[1:])]
+    return out
+
+
+def gains_table(rows: list[dict], budget: int) -> str:
+    """``gains`` as a table: one line per head method and dataset, a column per pair of consecutive points."""
+    g = gains(rows, budget)
+    pairs = sorted({(r["from"], r["to"]) for r in g})
+    lines = ["| method | dataset | " + " | ".join(f"k {a} -> {b}" for a, b in pairs) + " |",
+             "|---|---|" + "---|" * len(pairs)]
+    keys = dict.fromkeys((r["method"], r["dataset"]) for r in g)
+    for method, ds in sorted(keys, key=lambda key: key[0]):  # by method, the datasets in their order
+        cells = {(r["from"], r["to"]): r["per_doubling"] for r in g if (r["method"], r["dataset"]) == (method, ds)}
+        lines.append(f"| {method} | {ds} | " + " | ".join(f"{cells[p]:+.2f}" if p in cells else "" for p in pairs) + " |")
     return "\n".join(lines)
 
 

@@ -70,7 +70,8 @@ def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys
     out = tmp_path / "out"
     assert json.loads((out / "rows.json").read_text()) == json.loads(json.dumps(rows))
     table = (out / "table.md").read_text()
-    assert table == to_markdown(rows) and table.count("| jetflow | gsm8k |") == 2 and "1/3" in table and "2/3" in table
+    assert table == to_markdown(rows) and table.count("| jetflow | gsm8k | ") == 3 and "1/3" in table and "2/3" in table
+    assert "per doubling" in table and "| k 1 -> 2 |" in table  # two tau lines and one gain line per method, dataset
     assert "plotly" in (out / curve.PLOT).read_text()
     lines = summary(rows, 8)  # a line per head method and point, a tau per dataset
     assert len(lines) == 4 * 2 and all("gsm8k" in l and "mt_bench" in l for l in lines)
@@ -112,3 +113,20 @@ def test_bad_settings_are_clear_errors(folder, tmp_path, capsys):
     assert main(["curve", "--out", str(tmp_path / "o"), "--data", str(folder), "--parts", "4",
                  "--data-dir", "fixtures"]) == 2
     assert "no point is ready" in capsys.readouterr().err
+
+
+def test_gains_per_doubling_of_the_tokens_seen():
+    """(tau_b - tau_a) / log2(seen_b / seen_a) between consecutive points, per method and dataset; the table
+    puts each pair of points in a column."""
+    from jetflow.curve import gains, gains_table
+    rows = [{"method": m, "dataset": "gsm8k", "parts": k, "budget": 64, "tau": tau, "response_tokens_seen": seen}
+            for m, pts in {"jetflow": [(1, 2.0, 1000), (2, 3.0, 4000), (4, 3.5, 8000)],
+                           "ddtree": [(1, 2.0, 1000), (2, 2.5, 2000)]}.items() for k, tau, seen in pts]
+    g = {(r["method"], r["from"], r["to"]): r["per_doubling"] for r in gains(rows, 64)}
+    assert g == {("jetflow", 1, 2): pytest.approx(0.5), ("jetflow", 2, 4): pytest.approx(0.5),
+                 ("ddtree", 1, 2): pytest.approx(0.5)}
+    lines = gains_table(rows, 64).splitlines()
+    assert lines[0] == "| method | dataset | k 1 -> 2 | k 2 -> 4 |"
+    assert lines[2] == "| ddtree | gsm8k | +0.50 |  |" and lines[3] == "| jetflow | gsm8k | +0.50 | +0.50 |"
+    with pytest.raises(ValueError, match="no row at budget 16"):
+        gains(rows, 16)
