@@ -40,6 +40,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import time
 from collections import Counter
@@ -553,7 +554,7 @@ def split_data(cfg: TrainConfig) -> Split:
         raise ValueError(f"{files[0]} has {n0} sequences; need more than eval_seqs={cfg.eval_seqs}")
     held = range(n0 - cfg.eval_seqs, n0)
     kept = set(held)
-    if cfg.holdout and files[-1] == data_files(cfg.data)[-1]:
+    if cfg.holdout and _last_part(files[-1]):
         first = len(rows) - len(per_file[-1])
         tail = {first + i for i in holdout_rows(per_file[-1], cfg.holdout, files[-1])}
         if tail & kept:
@@ -564,6 +565,13 @@ def split_data(cfg: TrainConfig) -> Split:
     if not indexed:
         raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
     return Split(files, rows, held, indexed, frozenset(kept - set(held)))
+
+
+def _last_part(path: Path) -> bool:
+    """Whether a data file is the last part of its regeneration (part-KK-of-NN with KK = NN - 1; a file that
+    is not a part counts as its own last part), whatever parts exist beside it yet."""
+    parts = re.fullmatch(r"part-(\d+)-of-(\d+)\.jsonl", path.name)
+    return parts is None or int(parts[1]) == int(parts[2]) - 1
 
 
 def holdout_rows(rows: list[dict], n: int, path: Path | str = "the data") -> list[int]:

@@ -231,6 +231,11 @@ def test_holdout_keeps_evenly_spaced_rows_of_the_last_part_out_of_training(targe
     assert split.holdout == {10, 12}                           # part 2 holds rows 10..14: its rows 0 and 2
     assert not split.holdout & {i for i, _ in split.indexed} and len(split.indexed) == 15 - 2 - 2
     assert split_data(dataclasses.replace(cfg, parts=2)).holdout == frozenset()  # part 2 not reached: all kept
+    for part in folder.glob("part-02-of-03.jsonl*"):  # before part 2 exists, part 1 is still not the last one
+        part.rename(tmp_path / part.name)
+    assert split_data(dataclasses.replace(cfg, parts=0)).holdout == frozenset()
+    for part in tmp_path.glob("part-02-of-03.jsonl*"):
+        part.rename(folder / part.name)
     assert holdout_rows(fake_rows(10), 4) == [0, 2, 5, 7]
     head, _ = train(dataclasses.replace(cfg, taps="online"), target, progress=False)
     prov = json.loads((tmp_path / "run" / "provenance.json").read_text())
