@@ -55,14 +55,17 @@ def _hash01(text: str) -> float:
 
 def training_rows(cfg: CorrectionTrainConfig) -> list[dict]:
     """The regenerated rows used, minus the held-out training prompts of the acceptance profile
-    (``profile.heldout_prompts``: the diagnosis reads them, so the correction never trains on them)."""
+    (``profile.heldout_prompts``: the diagnosis reads them, so the correction never trains on them) and the
+    rows the head's own training held out for its profile (``train --holdout``)."""
     from .data import load_regenerated
-    from .profile import heldout_prompts
+    from .profile import head_holdout_ids, heldout_prompts
+    from .proposers import shipped_head_dir
     folder = Path(cfg.data).expanduser()
     files = sorted(folder.glob("part-*.jsonl")) if folder.is_dir() else [folder]
     if not files or not all(f.is_file() for f in files):
         raise ValueError(f"no regenerated data at {cfg.data} (expected part-*.jsonl files or a .jsonl file)")
     unseen = {p["id"] for p in heldout_prompts(48, data_dir=cfg.data_dir)}
+    unseen |= head_holdout_ids(cfg.out or shipped_head_dir("jetflow"))
     rows = [r for f in files for r in load_regenerated(f) if r["id"] not in unseen and len(r["response_ids"]) > 2]
     return rows[:cfg.max_seqs] if cfg.max_seqs else rows
 

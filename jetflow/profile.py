@@ -174,11 +174,17 @@ def holdout_prompts(data: str | Path, n: int, *, seed: int = 0, data_dir=None) -
     return prompts
 
 
+def head_holdout_ids(head: str | Path) -> set[str]:
+    """The ids of the rows a head's training held out for its profile (``train --holdout``; its provenance's
+    ``data.holdout_ids``), empty for a head trained without."""
+    prov = Path(head) / "provenance.json"
+    return set(json.loads(prov.read_text())["data"].get("holdout_ids", ())) if prov.is_file() else set()
+
+
 def check_holdout(head: Path, ids: set[str]) -> None:
     """Refuse to profile ``head`` on prompts it may have trained on: its provenance must list ``ids`` as the
     rows its training held out (``train --holdout``)."""
-    prov = head / "provenance.json"
-    kept = set(json.loads(prov.read_text())["data"].get("holdout_ids", ())) if prov.is_file() else set()
+    kept = head_holdout_ids(head)
     if kept != ids:
         raise ValueError(f"{head} was not trained with these {len(ids)} rows held out (its provenance.json lists "
                          f"{len(kept)} held-out ids); train it with --holdout {len(ids)} on the same data")

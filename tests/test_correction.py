@@ -294,3 +294,21 @@ def test_sampling_with_the_path_builders_matches_the_target_distribution(small_v
     head = build_head(TrainConfig(block_size=4, num_layers=1), target).eval()
     proposer = HeadProposer(head, target, builder, correction=random_correction(head.config.hidden_size, candidates=3))
     assert_samples_match(target, ids, proposer, temperature, n_samples)
+
+
+def test_correction_training_leaves_out_the_profile_prompts_and_the_heads_holdout(tmp_path, monkeypatch):
+    """Neither the acceptance profile's held-out prompts nor the rows the head's training held out for its
+    profile (``train --holdout``, listed in its provenance) reach the correction's training rows."""
+    import json
+    import jetflow.profile
+    from jetflow.correction_train import training_rows
+    rows = [{"id": f"gsm8k-train:{i}", "prompt_ids": [1, 2], "response_ids": [3, 4, 5]} for i in range(6)]
+    data = tmp_path / "regen.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in [{"settings": {}}] + rows))
+    monkeypatch.setattr(jetflow.profile, "heldout_prompts", lambda n, **kw: [{"id": "gsm8k-train:1"}])
+    head = tmp_path / "head"
+    head.mkdir()
+    cfg = CorrectionTrainConfig(data=str(data), max_seqs=0, out=str(head))
+    assert [r["id"] for r in training_rows(cfg)] == [f"gsm8k-train:{i}" for i in (0, 2, 3, 4, 5)]
+    (head / "provenance.json").write_text(json.dumps({"data": {"holdout_ids": ["gsm8k-train:4", "gsm8k-train:5"]}}))
+    assert [r["id"] for r in training_rows(cfg)] == [f"gsm8k-train:{i}" for i in (0, 2, 3)]
