@@ -174,6 +174,15 @@ def holdout_prompts(data: str | Path, n: int, *, seed: int = 0, data_dir=None) -
     return prompts
 
 
+def holdout_answers(ids: set[str], max_new_tokens: int) -> Path:
+    """Where the greedy fp32 answers to a head's held-out prompts are cached (named by a hash of their ids),
+    shared by ``profile --data`` and the ``heldout`` diagnosis."""
+    import hashlib
+    from .data import cache_dir
+    tag = hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:12]
+    return cache_dir() / "replay" / f"holdout-{tag}-n{len(ids)}-{max_new_tokens}.jsonl"
+
+
 def head_holdout_ids(head: str | Path) -> set[str]:
     """The ids of the rows a head's training held out for its profile (``train --holdout``; its provenance's
     ``data.holdout_ids``), empty for a head trained without."""
@@ -273,7 +282,7 @@ def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     if cfg.data:
         prompts = holdout_prompts(cfg.data, cfg.n, data_dir=cfg.data_dir)
         check_holdout(Path(cfg.head or out), {p["id"] for p in prompts})
-        answers = cache_dir() / "replay" / f"holdout-{Path(cfg.data).name}-n{cfg.n}-{cfg.max_new_tokens}.jsonl"
+        answers = holdout_answers({p["id"] for p in prompts}, cfg.max_new_tokens)
     else:
         prompts = heldout_prompts(cfg.n, after=cfg.after, data_dir=cfg.data_dir)
         answers = cache_dir() / "replay" / f"heldout-after{cfg.after}-n{cfg.n}-{cfg.max_new_tokens}.jsonl"
@@ -298,18 +307,25 @@ class DiagnoseConfig:
     limit: int = option(20, "first N prompts of each dataset")
     max_new_tokens: int = option(256, "new tokens of each AR answer (the replay cache's)")
     ranks: int = option(32, "a path is reached when every token on it ranks below this")
-    heldout: int = option(0, "also the first N of the profile's held-out training prompts (dataset heldout)")
+    heldout: int = option(0, "also the first N of the profile's held-out training prompts (dataset heldout; the "
+                          "rows the head's training held out when it was trained with --holdout)")
     heldout_new_tokens: int = option(128, "new tokens of each held-out answer (batched greedy, cached)")
     data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
 
 
-def heldout_traces(target, n: int, max_new_tokens: int, data_dir=None, progress: bool = False) -> list:
-    """Greedy answers (batched, cached like ``profile``'s) of the first ``n`` of the 48 held-out training
-    prompts, as ``replay.Trace`` rows of dataset ``heldout``."""
-    from .data import cache_dir, load_regenerated, regenerate
+def heldout_traces(target, n: int, max_new_tokens: int, data_dir=None, progress: bool = False, head=None) -> list:
+    """Greedy answers (batched, cached like ``profile``'s) of the first ``n`` held-out training prompts, as
+    ``replay.Trace`` rows of dataset ``heldout``: the prompts ``head``'s training held out for its profile
+    (``train --holdout``, listed in its provenance) when it did, else the 48 drawn after the first 3030."""
+    from .data import cache_dir, load_regenerated, regenerate, training_pool
     from .replay import Trace
-    prompts = heldout_prompts(48, data_dir=data_dir)
-    answers = cache_dir() / "replay" / f"heldout-after3030-n48-{max_new_tokens}.jsonl"
+    kept = head_holdout_ids(head) if head is not None else set()
+    if kept:
+        prompts = [p for p in training_pool(data_dir=data_dir) if p["id"] in kept]
+        answers = holdout_answers(kept, max_new_tokens)
+    else:
+        prompts = heldout_prompts(48, data_dir=data_dir)
+        answers = cache_dir() / "replay" / f"heldout-after3030-n48-{max_new_tokens}.jsonl"
     if not answers.is_file():  # the profile's answers when it made them (an older file has no header to resume by)
         regenerate(target, prompts, answers, batch_size=8, max_new_tokens=max_new_tokens, max_prompt_tokens=256,
                    progress=progress)
@@ -322,7 +338,7 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     """Diagnosis rows per dataset (AR answers from the replay cache, shipped causal head, fp32); where a
     path correction is saved beside the head, its corrected rows beside the head's own."""
     from .data import load_prompts
-    from .proposers import make_proposer
+    from .proposers import make_proposer, shipped_head_dir
     from .provenance import environment
     from .replay import ar_traces, trace_cache
     from .target import load_target
@@ -337,7 +353,8 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
             traces = ar_traces(target, load_prompts(ds, limit=cfg.limit, data_dir=cfg.data_dir), cfg.max_new_tokens,
                                dataset=ds, cache=cache, progress=progress)
         else:
-            traces = heldout_traces(target, n, cfg.heldout_new_tokens, cfg.data_dir, progress)
+            traces = heldout_traces(target, n, cfg.heldout_new_tokens, cfg.data_dir, progress,
+                                    head=shipped_head_dir("jetflow"))
         counts = counts_of(proposer, traces, cfg.ranks, progress, corrected)
         for head, c in zip(("causal", "corrected"), counts if corrected else (counts,)):
             rows += [r | {"n_prompts": len(traces), **env} for r in diagnosis_rows(c, ds, head=head)]

@@ -164,3 +164,20 @@ def test_holdout_prompts_are_the_rows_training_kept_out_and_the_head_must_say_so
     pf.check_holdout(head, {p["id"] for p in prompts})
     with pytest.raises(ValueError, match="not trained with these 2 rows"):
         pf.check_holdout(head, {rows[0]["id"], rows[3]["id"]})
+
+
+def test_heldout_traces_answer_the_heads_own_holdout_when_it_has_one(tiny_target, tmp_path, monkeypatch):
+    """The heldout diagnosis of a head trained with --holdout answers the prompts its provenance lists (pool
+    order, the first n), greedy and cached where `profile --data` caches them."""
+    import json
+    from jetflow.data import training_pool
+    monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path / "cache"))
+    pool = training_pool(data_dir="fixtures")
+    kept = [p["id"] for p in pool[3:8]]
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "provenance.json").write_text(json.dumps({"data": {"holdout_ids": kept}}))
+    traces = pf.heldout_traces(tiny_target, 2, 4, data_dir="fixtures", head=head)
+    assert [t.id for t in traces] == [i for i in kept if i in {t.id for t in traces}][:2] and len(traces) == 2
+    assert {t.dataset for t in traces} == {"heldout"} and set(t.id for t in traces) <= set(kept)
+    assert pf.holdout_answers(set(kept), 4).is_file()
