@@ -116,7 +116,7 @@ sampling: $(STAMP)
 # Beyond the paper (issue 20): replayed tau against training data. Both heads from scratch on the first 1, 2, 4 and 8
 # of the 8 parts of the full-pool regeneration (2 passes each), replayed on four benchmarks (docs/scale.md). The
 # parts the kit ships (data/regen) are unpacked, the rest regenerated (~45 min a part on a free core), then every
-# point trains (~10 min per part and pass for each head on a free core) and replays; each step resumes when rerun.
+# point trains (~10-14 min per part and pass for each head on a free core: about 1,000 steps at 1.2-1.8 steps/s) and replays; each step resumes when rerun.
 # the curve's default --data: the cache folder's full-pool regeneration
 REGEN_ALL := $(or $(JETFLOW_CACHE),$(HOME)/.cache/jetflow)/regen-smollm2-135m-bfloat16-all-256
 .PHONY: curve
