@@ -84,3 +84,24 @@ def test_notebook_04_ships_the_ar_answers_it_replays():
     traces = [replay.Trace(**row) for row in jsonl.read(path, repair=False)]
     assert [(t.dataset, t.id, t.max_new_tokens) for t in traces] == [("gsm8k", f"gsm8k:{i}", 256) for i in range(20)]
     assert all(0 < len(t.tokens) <= 256 and t.prompt_ids for t in traces)
+
+
+def test_refresh_checked_only_rewrites_just_the_checked_cells(tmp_path):
+    """`refresh.py --checked-only` runs the whole notebook but writes back only the # NBVAL_CHECK_OUTPUT cells'
+    outputs; the other cells keep what they had."""
+    import sys
+    import nbformat
+    sys.path.insert(0, str(NOTEBOOKS[0].parent))
+    from refresh import refresh
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 6 * 7\nprint('free', x)"), nbformat.v4.new_code_cell(f"{CHECK}\nprint(x)")]
+    for cell in nb.cells:
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="old\n")]
+        cell.execution_count = 1
+    path = tmp_path / "t.ipynb"
+    nbformat.write(nb, path)
+    refresh(path, 60, checked_only=True)
+    free, checked = nbformat.read(path, as_version=4).cells
+    assert [o["text"] for o in free.outputs] == ["old\n"] and [o["text"] for o in checked.outputs] == ["42\n"]
+    refresh(path, 60)
+    assert [o["text"] for o in nbformat.read(path, as_version=4).cells[0].outputs] == ["free 42\n"]
