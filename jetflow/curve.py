@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .data import cache_dir, data_files, load_regenerated, portable_path
+from .data import cache_dir, data_files, load_regenerated, part_of, portable_path
 from .flags import comma_list, option
 
 HEADS = {  # head kind -> (TrainConfig fields, the replayed methods)
@@ -92,7 +92,7 @@ def train_config(cfg: CurveConfig, k: int, head: str, taps_dir: Path):
     """The point's TrainConfig: the one recipe, its data (the first k parts) and its step count; the point
     that reaches the last part holds ``cfg.holdout`` of its rows out (the other points never see that part)."""
     from .train import TrainConfig, split_data
-    last = k >= int(data_files(cfg.data)[0].stem.rsplit("-of-", 1)[1])  # part-KK-of-NN: k reaches part NN-1
+    last = k >= part_of(data_files(cfg.data)[0])[1]  # k reaches part N-1 of N
     base = TrainConfig.from_name("cpu", data=cfg.data, parts=k, taps="cached", taps_dir=str(taps_dir), loss="ce",
                                  holdout=cfg.holdout if last else 0,
                                  out=str(point_dir(cfg, k, head)), gamma_start=0.5, anchors_per_seq=cfg.anchors,
@@ -173,7 +173,7 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
     traces = {ds: ar_traces(fp32_target, ps, cfg.max_new_tokens, dataset=ds, progress=progress,
                             cache=trace_cache(fp32_target, ds))
               for ds, ps in prompts.items()}
-    of_parts = int(data_files(cfg.data)[0].stem.rsplit("-of-", 1)[1])  # part-KK-of-NN: NN, however many exist yet
+    of_parts = part_of(data_files(cfg.data)[0])[1]  # N of part-KK-of-NN, however many exist yet
     rows = [r | {"of_parts": of_parts, "curve": asdict(cfg) | {"data": portable_path(cfg.data), "out": Path(cfg.out).name,
                                           "work": None if cfg.work is None else portable_path(cfg.work)}}
             for k in todo for head in cfg.heads

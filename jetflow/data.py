@@ -538,6 +538,19 @@ def load_regenerated(path: str | os.PathLike, *, tensors: bool = False) -> list[
     return rows
 
 
+def part_of(path: str | os.PathLike) -> tuple[int, int] | None:
+    """(K, N) of a chunked regeneration's ``part-KK-of-NN.jsonl``; None for a file that is not a part."""
+    m = re.fullmatch(r"part-(\d+)-of-(\d+)\.jsonl", Path(path).name)
+    return None if m is None else (int(m[1]), int(m[2]))
+
+
+def is_last_part(path: str | os.PathLike) -> bool:
+    """Whether a data file is the last part of its regeneration (K = N - 1), whatever parts exist beside it
+    yet; a file that is not a part is its own last part."""
+    part = part_of(path)
+    return part is None or part[0] == part[1] - 1
+
+
 def data_files(data: str | os.PathLike, parts: int = 0) -> list[Path]:
     """The regenerated files behind ``data``: the file itself, or of a chunked folder (``regenerate
     --chunks K``) its first ``parts`` part files in order (0: all). Parts 0..k-1 hold the first k/K of

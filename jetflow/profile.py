@@ -162,9 +162,12 @@ def heldout_prompts(n: int, *, after: int = 3030, seed: int = 0, data_dir=None) 
 def holdout_prompts(data: str | Path, n: int, *, seed: int = 0, data_dir=None) -> list[dict]:
     """The prompts of the ``n`` rows that ``train --holdout n`` kept out of a head trained on ``data`` (a
     regenerated file, or a chunked folder: rows of its last part), from the training pool of ``seed``."""
-    from .data import data_files, load_regenerated, training_pool
+    from .data import data_files, is_last_part, load_regenerated, training_pool
     from .train import holdout_rows
     last = data_files(data)[-1]
+    if not is_last_part(last):
+        raise ValueError(f"{last} is not the last part of {data} (the rest are still to regenerate); train --holdout "
+                         "holds rows of the last part out")
     rows = load_regenerated(last)
     ids = {rows[i]["id"] for i in holdout_rows(rows, n, last)}
     prompts = [p for p in training_pool(seed=seed, data_dir=data_dir) if p["id"] in ids]

@@ -40,7 +40,6 @@ import itertools
 import json
 import math
 import os
-import re
 import shutil
 import time
 from collections import Counter
@@ -55,7 +54,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import jsonl
-from .data import data_files, load_regenerated, portable_path, shell_join
+from .data import data_files, is_last_part, load_regenerated, portable_path, shell_join
 from .flags import command_args, option
 from .checkpoint import init_from_target
 from .head import DraftHead, HeadConfig
@@ -553,25 +552,17 @@ def split_data(cfg: TrainConfig) -> Split:
     if n0 <= cfg.eval_seqs:
         raise ValueError(f"{files[0]} has {n0} sequences; need more than eval_seqs={cfg.eval_seqs}")
     held = range(n0 - cfg.eval_seqs, n0)
-    kept = set(held)
-    if cfg.holdout and _last_part(files[-1]):
+    tail = frozenset()
+    if cfg.holdout and is_last_part(files[-1]):
         first = len(rows) - len(per_file[-1])
-        tail = {first + i for i in holdout_rows(per_file[-1], cfg.holdout, files[-1])}
-        if tail & kept:
+        tail = frozenset(first + i for i in holdout_rows(per_file[-1], cfg.holdout, files[-1]))
+        if any(i in held for i in tail):
             raise ValueError(f"{files[-1]} is too short to hold out {cfg.holdout} rows beside the "
                              f"{cfg.eval_seqs} evaluation rows")
-        kept |= tail
-    indexed = indexed_sequences(rows, [i for i in range(len(rows)) if i not in kept], cfg.max_len)
+    indexed = indexed_sequences(rows, [i for i in range(len(rows)) if i not in held and i not in tail], cfg.max_len)
     if not indexed:
         raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
-    return Split(files, rows, held, indexed, frozenset(kept - set(held)))
-
-
-def _last_part(path: Path) -> bool:
-    """Whether a data file is the last part of its regeneration (part-KK-of-NN with KK = NN - 1; a file that
-    is not a part counts as its own last part), whatever parts exist beside it yet."""
-    parts = re.fullmatch(r"part-(\d+)-of-(\d+)\.jsonl", path.name)
-    return parts is None or int(parts[1]) == int(parts[2]) - 1
+    return Split(files, rows, held, indexed, tail)
 
 
 def holdout_rows(rows: list[dict], n: int, path: Path | str = "the data") -> list[int]:

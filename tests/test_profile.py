@@ -181,3 +181,14 @@ def test_heldout_traces_answer_the_heads_own_holdout_when_it_has_one(tiny_target
     assert [t.id for t in traces] == [i for i in kept if i in {t.id for t in traces}][:2] and len(traces) == 2
     assert {t.dataset for t in traces} == {"heldout"} and set(t.id for t in traces) <= set(kept)
     assert pf.holdout_answers(set(kept), 4).is_file()
+
+
+def test_holdout_prompts_need_the_last_part(tmp_path):
+    """While later parts are still to regenerate, the last file present holds no held-out rows: a clear error."""
+    import json
+    folder = tmp_path / "regen"
+    folder.mkdir()
+    rows = [{"id": f"gsm8k-train:{i}", "prompt_ids": [1], "response_ids": [2, 3]} for i in range(5)]
+    (folder / "part-00-of-02.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [{"settings": {}}] + rows))
+    with pytest.raises(ValueError, match="not the last part"):
+        pf.holdout_prompts(folder, 2, data_dir="fixtures")
