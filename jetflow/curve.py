@@ -63,6 +63,10 @@ class CurveConfig:
     seed: int = option(0, "training seed of every point")
     holdout: int = option(48, "rows of the regeneration's last part that no point trains on (train --holdout): "
                           "the acceptance profile's prompts for the heads of the point that reaches that part")
+    done_only: bool = option(False, "write the rows of the points whose heads are all trained and replayed "
+                             "already (replay.json), and skip the others: nothing is trained or replayed, so "
+                             "the committed rows can be refreshed while a larger point is still training",
+                             negate=("--train-missing", "train and replay the points still missing (the default)"))
 
     prompts_file = None  # ``bench.prompt_sets`` reads the benchmark prompts of this config
 
@@ -110,18 +114,14 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
     """Train (or resume) one point's head, then replay it once (``replay.json``). -> its rows."""
     from .replay import replay
     from .taps import build_all, cache_for, default_dir
-    from .train import command_for, train
+    from .train import train
     layers = _layers(target)
     root = default_dir(cfg.data, target.name, layers)
     tcfg = train_config(cfg, k, head, root)
     out = Path(tcfg.out)
-    saved = out / "replay.json"
-    if saved.is_file():
-        rows = json.loads(saved.read_text())
-        asked = {(d, b) for d in cfg.datasets for b in cfg.budgets}
-        if all(_same_settings(r, cfg, command_for(tcfg)) for r in rows) and \
-                {(r["dataset"], r["budget"]) for r in rows} == asked:
-            return rows
+    rows = saved_rows(cfg, tcfg)
+    if rows is not None:
+        return rows
     files = data_files(cfg.data, k)
     build_all(target, files, [cache_for(root, f, True) for f in files], layers=layers, max_len=TAPS_MAX_LEN,
               progress=progress)
@@ -137,8 +137,23 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
              "supervised_slots": prov["tokens"]["supervised_slots"], "heldout_sim_tau": last["sim_tau"],
              "heldout_acc1": last["acc"][0], "train_command": prov["command"], "max_new_tokens": cfg.max_new_tokens}
     rows = [r | extra for r in rows]
-    saved.write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "replay.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows
+
+
+def saved_rows(cfg: CurveConfig, tcfg) -> list[dict] | None:
+    """The point's saved replay rows (``replay.json``) if they answer this config: the same training
+    command and every asked (dataset, budget); else None (the point is still to train or to replay)."""
+    from .train import command_for
+    saved = Path(tcfg.out) / "replay.json"
+    if not saved.is_file():
+        return None
+    rows = json.loads(saved.read_text())
+    asked = {(d, b) for d in cfg.datasets for b in cfg.budgets}
+    if all(_same_settings(r, cfg, command_for(tcfg)) for r in rows) and \
+            {(r["dataset"], r["budget"]) for r in rows} == asked:
+        return rows
+    return None
 
 
 def _same_settings(row: dict, cfg: CurveConfig, command: str) -> bool:
@@ -168,20 +183,29 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
                          f"data/regen/{DEFAULT_DATA} --out {cfg.data} restores the parts the kit ships)")
     checks.writable_dir(cfg.out, "--out")
     target = target or load_target(None, dtype="bfloat16")   # the cached taps' dtype
+    if cfg.done_only:
+        from .taps import default_dir
+        root = default_dir(cfg.data, target.name, _layers(target))
+        done = [k for k in todo if all(saved_rows(cfg, train_config(cfg, k, h, root)) is not None for h in cfg.heads)]
+        skipped, todo = sorted(set(skipped) | set(todo) - set(done)), done
+        if not todo:
+            raise ValueError("--done-only: no point has all its heads trained and replayed yet")
     fp32_target = fp32_target or load_target(None, dtype="float32")  # replay: fp32, as the committed tau
     prompts = checks.prompt_source(lambda: prompt_sets(cfg))
     traces = {ds: ar_traces(fp32_target, ps, cfg.max_new_tokens, dataset=ds, progress=progress,
                             cache=trace_cache(fp32_target, ds))
               for ds, ps in prompts.items()}
     of_parts = part_of(data_files(cfg.data)[0])[1]  # N of part-KK-of-NN, however many exist yet
-    rows = [r | {"of_parts": of_parts, "curve": asdict(cfg) | {"data": portable_path(cfg.data), "out": Path(cfg.out).name,
+    settings = {f: v for f, v in asdict(cfg).items() if f != "done_only"}  # how it ran, not what it measured
+    rows = [r | {"of_parts": of_parts, "curve": settings | {"data": portable_path(cfg.data), "out": Path(cfg.out).name,
                                           "work": None if cfg.work is None else portable_path(cfg.work)}}
             for k in todo for head in cfg.heads
             for r in point(cfg, k, head, target, fp32_target, traces, progress=progress)]
     write_rows(rows, cfg.out, to_markdown)
     plot(rows).write_html(Path(cfg.out) / PLOT, include_plotlyjs="cdn")
     if skipped:
-        print(f"skipped k = {skipped}: their parts are still being regenerated; rerun to add them", flush=True)
+        why = "not trained and replayed yet (--done-only)" if cfg.done_only else "their parts are still being regenerated"
+        print(f"skipped k = {skipped}: {why}; rerun to add them", flush=True)
     return rows
 
 

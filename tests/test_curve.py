@@ -87,6 +87,14 @@ def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys
     assert json.loads(json.dumps(run(cfg, tiny_target, tiny_target, progress=False))) == json.loads(json.dumps(rows))
     assert trained == []
     write_part(folder, 2, 5)  # part 2 of 3 is whole now; --parts 4 still waits
+    capsys.readouterr()
+    done = run(replace(cfg, parts=(1, 2, 3, 4), done_only=True), tiny_target, tiny_target, progress=False)
+    assert trained == [] and {r["parts"] for r in done} == {1, 2}  # k = 3 is ready but not trained: left out
+    assert "skipped k = [3, 4]: not trained and replayed yet (--done-only)" in capsys.readouterr().out
+    assert all("done_only" not in r["curve"] for r in done)  # how it ran is not a setting of the rows
+    with pytest.raises(ValueError, match="--done-only: no point"):
+        run(replace(cfg, parts=(3,), done_only=True), tiny_target, tiny_target, progress=False)
+    assert trained == []
     more = run(replace(cfg, parts=(1, 2, 3, 4)), tiny_target, tiny_target, progress=False)
     assert trained == [(3, True), (3, False)] and {r["parts"] for r in more} == {1, 2, 3}
     # only the point that reaches the last part holds its 2 profile rows out: 45 rows - 16 evaluation - 2
