@@ -115,15 +115,21 @@ sampling: $(STAMP)
 
 # Beyond the paper (issue 20): replayed tau against training data. Both heads from scratch on the first 1, 2, 4 and 8
 # of the 8 parts of the full-pool regeneration (2 passes each), replayed on four benchmarks (docs/scale.md). The
-# parts the kit ships (data/regen) are unpacked, the rest regenerated (~45 min a part on a free core), then every
-# point trains (~10-14 min per part and pass for each head on a free core: about 1,000 steps at 1.2-1.8 steps/s) and replays; each step resumes when rerun.
+# parts the kit ships (data/regen) are unpacked, the rest regenerated (~45 min a part on a free core), then the two
+# heads train side by side, one process each (~10-14 min per part and pass for each head: about 1,000 steps at
+# 1.1-1.8 steps/s; the taps of each part are cached by whichever process gets there first, the other waits), and
+# replay; the last command writes the committed rows from the points' replay.json. Each step resumes when rerun.
 # the curve's default --data: the cache folder's full-pool regeneration
-REGEN_ALL := $(or $(JETFLOW_CACHE),$(HOME)/.cache/jetflow)/regen-smollm2-135m-bfloat16-all-256
+CACHE     := $(or $(JETFLOW_CACHE),$(HOME)/.cache/jetflow)
+REGEN_ALL := $(CACHE)/regen-smollm2-135m-bfloat16-all-256
 .PHONY: curve
 curve: $(STAMP)
 	$(PY) -m jetflow unpack --packed data/regen/smollm2-135m-bfloat16-all-256 --out $(REGEN_ALL)
 	OMP_NUM_THREADS=1 $(PY) -m jetflow regenerate --n 0 --chunks 8 --max-new-tokens 256 --batch-size 16 --dtype bfloat16 \
 	    --out $(REGEN_ALL)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow curve --heads causal --out $(CACHE)/curve-out/causal & a=$$!; \
+	OMP_NUM_THREADS=1 $(PY) -m jetflow curve --heads bidirectional --out $(CACHE)/curve-out/bidirectional & b=$$!; \
+	wait $$a && wait $$b
 	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-tau-curve
 	$(PY) -m jetflow report --write
 

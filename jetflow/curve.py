@@ -124,7 +124,7 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
         return rows
     files = data_files(cfg.data, k)
     build_all(target, files, [cache_for(root, f, True) for f in files], layers=layers, max_len=TAPS_MAX_LEN,
-              progress=progress)
+              progress=progress, wait=True)  # one head per process side by side: one builds, the other waits
     train(tcfg, target, progress=progress)
     prov = json.loads((out / "provenance.json").read_text())
     history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]

@@ -81,11 +81,12 @@ class Busy(ValueError):
 
 
 @contextlib.contextmanager
-def locked(path: str | os.PathLike) -> Iterator[Path]:
+def locked(path: str | os.PathLike, *, wait: bool = False) -> Iterator[Path]:
     """Hold an exclusive lock on ``path`` (a file or a folder) while the block runs, through a
     ``.lock`` file beside a file or inside a folder. A second writer fails at once with ``Busy`` (a
-    ValueError) naming the path, instead of interleaving its lines with the first one's. The lock goes with the
-    process, so a killed job never leaves a stale lock behind."""
+    ValueError) naming the path, instead of interleaving its lines with the first one's; with ``wait`` it
+    says so once and waits for the lock instead. The lock goes with the process, so a killed job never
+    leaves a stale lock behind."""
     path = Path(path)
     lock_path = path / ".lock" if path.is_dir() else path.with_name(path.name + ".lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,9 +94,12 @@ def locked(path: str | os.PathLike) -> Iterator[Path]:
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.close()
-        raise Busy(f"{path} is being written by another process (lock {lock_path}); wait for it to "
-                         "finish or choose another output") from None
+        if not wait:
+            f.close()
+            raise Busy(f"{path} is being written by another process (lock {lock_path}); wait for it to "
+                       "finish or choose another output") from None
+        print(f"waiting for another process to finish writing {path} (lock {lock_path})", flush=True)
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
     try:
         yield path
     finally:

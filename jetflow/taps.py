@@ -75,18 +75,25 @@ def _write_shard(out: Path, k: int, taps: list[torch.Tensor]) -> None:
 
 
 def build(target, data: str | Path, *, layers: tuple[int, ...], max_len: int, out: str | Path,
-          shard_rows: int = 128, progress: bool = True, bar: tqdm | None = None) -> Path:
+          shard_rows: int = 128, progress: bool = True, bar: tqdm | None = None, wait: bool = False) -> Path:
     """Cache the taps (layers ``layers``) of every row of the regenerated file ``data`` in ``out``;
-    rerunning skips the whole shards. -> out."""
+    rerunning skips the whole shards. A second builder of the same cache is refused (``jsonl.Busy``), or
+    with ``wait`` waits for the first and then finds its shards whole; a whole cache is only checked,
+    without its lock, so any number of readers may start at once. -> out."""
     from .data import load_regenerated
     if max_len < 3 or shard_rows < 1:
         raise ValueError(f"max_len must be >= 3 and shard_rows >= 1, got {max_len}, {shard_rows}")
     data, out = Path(data), Path(out)
     rows = load_regenerated(data)
+    header = header_for(target, tuple(layers), max_len, data, len(rows), shard_rows)
+    missing = lambda: [k for k in range(-(-len(rows) // shard_rows)) if not _shard(out, k)[1].is_file()]
+    if (out / HEADER).is_file() and not missing():
+        _check_header(out, header)  # the header exists: this only reads it
+        return out
     out.mkdir(parents=True, exist_ok=True)
-    with jsonl.locked(out):  # a second builder of the same cache is refused
-        _check_header(out, header_for(target, tuple(layers), max_len, data, len(rows), shard_rows))
-        todo = [k for k in range(-(-len(rows) // shard_rows)) if not _shard(out, k)[1].is_file()]
+    with jsonl.locked(out, wait=wait):
+        _check_header(out, header)
+        todo = missing()
         own = bar is None
         if own:
             bar = tqdm(total=sum(len(rows[k * shard_rows:(k + 1) * shard_rows]) for k in todo), unit="seq",
@@ -112,7 +119,8 @@ def missing_rows(data: str | Path, out: str | Path, shard_rows: int) -> int:
 
 
 def build_all(target, files: list[Path], caches: list[Path], *, progress: bool = True, **kw) -> list[Path]:
-    """``build`` for each data file into its cache folder, under one progress bar (with ETA)."""
+    """``build`` for each data file into its cache folder, under one progress bar (with ETA); ``kw`` as
+    ``build``'s (``wait``: wait for another builder of a cache instead of failing)."""
     total = sum(missing_rows(f, c, kw.get("shard_rows", 128)) for f, c in zip(files, caches))
     with tqdm(total=total, unit="seq", desc="taps", disable=not progress) as bar:
         return [build(target, f, out=c, bar=bar, **kw) for f, c in zip(files, caches)]

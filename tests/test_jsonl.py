@@ -71,6 +71,26 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path, kin
         pass
 
 
+def test_a_waiting_writer_gets_the_lock_once_the_first_lets_go(tmp_path, capsys):
+    path = tmp_path / "out"
+    path.mkdir()
+    ctx = mp.get_context("fork")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(path, ready, release))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        timer = ctx.Process(target=lambda: (__import__("time").sleep(0.5), release.set()))
+        timer.start()
+        with jsonl.locked(path, wait=True):
+            assert release.is_set()  # had only once the holder was told to let go
+        timer.join(30)
+    finally:
+        release.set()
+        holder.join(30)
+    assert "waiting for another process to finish writing" in capsys.readouterr().out
+
+
 def test_lock_of_a_killed_holder_is_released(tmp_path):
     path = tmp_path / "a.jsonl"
     ctx = mp.get_context("fork")

@@ -97,6 +97,41 @@ def test_a_second_builder_of_the_same_cache_is_refused(target, data, tmp_path):
             build(target, data, layers=LAYERS, max_len=20, out=tmp_path / "taps", progress=False)
 
 
+def test_a_whole_cache_is_read_while_another_process_holds_its_lock(target, data, tmp_path):
+    from jetflow import jsonl
+    out = build(target, data, layers=LAYERS, max_len=20, out=tmp_path / "taps", progress=False)
+    whole = {p.name: p.stat().st_mtime_ns for p in out.glob("*.npy")}
+    with jsonl.locked(out):  # e.g. a second curve process: nothing to build, so no lock is needed
+        assert build(target, data, layers=LAYERS, max_len=20, out=out, progress=False) == out
+        with pytest.raises(ValueError, match="other settings"):  # but the settings are still checked
+            build(target, data, layers=LAYERS, max_len=30, out=out, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.npy")} == whole
+
+
+def _hold_then_let_go(path, ready):
+    import time
+    from jetflow import jsonl
+    with jsonl.locked(path):
+        ready.set()
+        time.sleep(0.5)
+
+
+def test_a_waiting_builder_builds_once_the_other_lets_go(target, data, tmp_path, capsys):
+    import multiprocessing as mp
+    out = tmp_path / "taps"
+    out.mkdir()
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold_then_let_go, args=(out, ready))
+    holder.start()
+    assert ready.wait(30)
+    build(target, data, layers=LAYERS, max_len=20, out=out, progress=False, wait=True)
+    holder.join(30)
+    assert "waiting for another process" in capsys.readouterr().out
+    reference = build(target, data, layers=LAYERS, max_len=20, out=tmp_path / "ref", progress=False)
+    assert {p.name: p.read_bytes() for p in out.glob("*.npy")} == {p.name: p.read_bytes() for p in reference.glob("*.npy")}
+
+
 @pytest.mark.parametrize("change", [dict(max_len=30), dict(layers=(1, 3)), dict(shard_rows=2)])
 def test_build_refuses_a_cache_of_other_settings(target, data, tmp_path, change):
     kw = dict(layers=LAYERS, max_len=20, out=tmp_path / "taps", shard_rows=3, progress=False)
