@@ -93,7 +93,8 @@ def pack(data: str | Path, out: str | Path, parts: int = 0) -> Path:
 
 def unpack(packed: str | Path, out: str | Path) -> list[Path]:
     """Write the JSONL files of a packed folder into ``out`` (and their ``.meta.json``), each checked
-    against the sha256 it had before packing."""
+    against the sha256 it had before packing; a file already there with that sha256 is left as it is (so
+    unpacking into a live regeneration folder rewrites nothing that a training run may be reading)."""
     packed, out = Path(packed), Path(out)
     prov_path = packed / "provenance.json"
     if not prov_path.is_file():
@@ -103,6 +104,10 @@ def unpack(packed: str | Path, out: str | Path) -> list[Path]:
     written = []
     for entry in prov["files"]:
         path = out / entry["file"]
+        meta = path.with_name(path.name + ".meta.json")
+        if path.is_file() and (meta.is_file() or not prov.get("command")) and _sha256(path) == entry["sha256"]:
+            written.append(path)
+            continue
         with np.load(packed / entry["packed"]) as z:
             header, ids = json.loads(str(z["header"])), z["ids"].tolist()
             tokens, plen, rlen = z["tokens"].tolist(), z["prompt_len"].tolist(), z["response_len"].tolist()
@@ -116,6 +121,6 @@ def unpack(packed: str | Path, out: str | Path) -> list[Path]:
             raise ValueError(f"{entry['packed']} does not unpack to the file it was packed from (sha256 differs)")
         tmp.replace(path)
         if prov.get("command"):
-            path.with_name(path.name + ".meta.json").write_text(json.dumps({"command": prov["command"]}) + "\n")
+            meta.write_text(json.dumps({"command": prov["command"]}) + "\n")
         written.append(path)
     return written

@@ -44,6 +44,16 @@ def test_pack_then_unpack_gives_the_same_files(folder, tmp_path):
         assert z["tokens"].dtype == np.uint16 and z["tokens"].size == sum(3 + i + 1 + 2 * i for i in range(6))
 
 
+def test_unpack_leaves_the_files_already_there_and_rewrites_a_changed_one(folder, tmp_path):
+    out = packed.pack(folder, tmp_path / "ids")
+    back = packed.unpack(out, tmp_path / "back")
+    stamp = {p.name: p.stat().st_mtime_ns for p in back}
+    back[1].write_text(back[1].read_text()[:-20])  # a damaged copy
+    again = packed.unpack(out, tmp_path / "back")
+    assert again == back and back[0].stat().st_mtime_ns == stamp[back[0].name]  # untouched
+    assert back[1].read_bytes() == (folder / back[1].name).read_bytes()          # restored
+
+
 def test_a_wide_vocabulary_packs_in_uint32_and_a_file_without_header_round_trips(tmp_path):
     path = tmp_path / "regen.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows(3, vocab=150_000)))
