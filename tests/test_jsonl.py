@@ -1,5 +1,7 @@
+import contextlib
 import json
 import multiprocessing as mp
+import threading
 
 import pytest
 
@@ -50,23 +52,30 @@ def _hold_lock(path, ready, release):
         release.wait(30)
 
 
-@pytest.mark.parametrize("kind", ["file", "folder"])
-def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path, kind):
-    path = tmp_path / "out"
-    if kind == "folder":
-        path.mkdir()
+@contextlib.contextmanager
+def held(path):
+    """Another process holds ``path``'s lock inside the block; -> the event that tells it to let go."""
     ctx = mp.get_context("fork")
     ready, release = ctx.Event(), ctx.Event()
     holder = ctx.Process(target=_hold_lock, args=(path, ready, release))
     holder.start()
     try:
         assert ready.wait(30)
-        with pytest.raises(ValueError, match="being written by another process"):
-            with jsonl.locked(path):
-                pass
+        yield release
     finally:
         release.set()
         holder.join(30)
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path, kind):
+    path = tmp_path / "out"
+    if kind == "folder":
+        path.mkdir()
+    with held(path):
+        with pytest.raises(ValueError, match="being written by another process"):
+            with jsonl.locked(path):
+                pass
     with jsonl.locked(path):  # free again once the holder is gone
         pass
 
@@ -74,20 +83,12 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path, kin
 def test_a_waiting_writer_gets_the_lock_once_the_first_lets_go(tmp_path, capsys):
     path = tmp_path / "out"
     path.mkdir()
-    ctx = mp.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=_hold_lock, args=(path, ready, release))
-    holder.start()
-    try:
-        assert ready.wait(30)
-        timer = ctx.Process(target=lambda: (__import__("time").sleep(0.5), release.set()))
+    with held(path) as release:
+        timer = threading.Timer(0.5, release.set)
         timer.start()
         with jsonl.locked(path, wait=True):
             assert release.is_set()  # had only once the holder was told to let go
         timer.join(30)
-    finally:
-        release.set()
-        holder.join(30)
     assert "waiting for another process to finish writing" in capsys.readouterr().out
 
 
