@@ -2,8 +2,9 @@
 
     python -m jetflow train-correction --max-seqs 800 --epochs 30
 
-1. ``features``: per sequence, one frozen target forward for the taps (``Target.sequence_taps``), then the
-   frozen head over ``anchors`` random anchors: its final states (A, D, H), its top-C candidates per depth
+1. ``features``: per sequence, the taps (one frozen target forward, ``Target.sequence_taps``, or with
+   ``taps="cached"`` a read of the taps cache that ``python -m jetflow taps`` built for the curve, so no
+   target forward at all), then the frozen head over ``anchors`` random anchors: its final states (A, D, H), its top-C candidates per depth
    and the true tokens, stored once in the cache folder (resumable, one shard per ``shard`` sequences).
 2. ``fit``: many cheap epochs of the small module on those features, teacher-forced on the true token
    at depth d-1 (the parent), cross-entropy against the true token at depth d (d >= 2) under
@@ -36,6 +37,9 @@ class CorrectionTrainConfig:
     anchors: int = option(48, "random anchors per sequence")
     max_response: int = option(240, "anchors come from the first N response tokens (shorter target forwards)")
     dtype: str = option("bfloat16", "the target's dtype for the taps (the regenerated answers are bf16's)")
+    taps: str = option("online", "online: one target forward per sequence; cached: read the taps cache of "
+                       "--data (python -m jetflow taps), no target forward", choices=("online", "cached"))
+    taps_dir: str | None = option(None, "the taps cache folder (default: the one `jetflow taps` writes for --data)")
     heldout: float = option(0.05, "share of sequences held out (by a hash of the id)")
     rank: int = option(128, "inner width of the low-rank MLP")
     candidates: int = option(64, "C: the head's top-C candidates per depth that are re-scored (a round uses its first C')")
@@ -54,7 +58,12 @@ def _hash01(text: str) -> float:
 
 
 def training_rows(cfg: CorrectionTrainConfig) -> list[dict]:
-    """The regenerated rows used, minus the held-out training prompts of the acceptance profile
+    """The regenerated rows used (``indexed_rows`` without the numbers)."""
+    return [r for _, r in indexed_rows(cfg)[1]]
+
+
+def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int, dict]]]:
+    """(the data files, [(row number across the files in order, row)]): the regenerated rows used, minus the held-out training prompts of the acceptance profile
     (``profile.heldout_prompts``: the diagnosis reads them, so the correction never trains on them) and the
     rows the head's own training held out for its profile (``train --holdout``)."""
     from .data import load_regenerated
@@ -66,14 +75,25 @@ def training_rows(cfg: CorrectionTrainConfig) -> list[dict]:
         raise ValueError(f"no regenerated data at {cfg.data} (expected part-*.jsonl files or a .jsonl file)")
     unseen = {p["id"] for p in heldout_prompts(48, data_dir=cfg.data_dir)}
     unseen |= head_holdout_ids(cfg.out or shipped_head_dir("jetflow"))
-    rows = [r for f in files for r in load_regenerated(f) if r["id"] not in unseen and len(r["response_ids"]) > 2]
-    return rows[:cfg.max_seqs] if cfg.max_seqs else rows
+    rows = [r for f in files for r in load_regenerated(f)]
+    rows = [(i, r) for i, r in enumerate(rows) if r["id"] not in unseen and len(r["response_ids"]) > 2]
+    return files, rows[:cfg.max_seqs] if cfg.max_seqs else rows
+
+
+def cached_source(cfg: CorrectionTrainConfig, target, files: list[Path], layers: tuple[int, ...]):
+    """The taps cache of ``cfg.data`` (``jetflow.taps.CachedTaps``), refused with one line when it is
+    missing, incomplete or was built under other settings (target, dtype, layers, data bytes)."""
+    from .taps import CachedTaps, cache_for, default_dir
+    root = Path(cfg.taps_dir).expanduser() if cfg.taps_dir else default_dir(Path(cfg.data).expanduser(), target.name, layers)
+    chunked = Path(cfg.data).expanduser().is_dir()
+    return CachedTaps.open(target, files, [cache_for(root, f, chunked) for f in files], layers=layers, max_len=3)
 
 
 @torch.no_grad()
 def sequence_features(proposer, row: dict, n_anchors: int, c: int, generator: torch.Generator,
-                      max_response: int = 10 ** 9) -> dict:
-    """One sequence's features: hidden (A, D, H) bf16, cand_logp (A, D, C), cand_col (A, D, C) draft
+                      max_response: int = 10 ** 9, source=None, number: int = 0) -> dict:
+    """One sequence's features (its taps from the target's forward, or ``source(number, ids)``, a taps
+    source of ``jetflow.taps``): hidden (A, D, H) bf16, cand_logp (A, D, C), cand_col (A, D, C) draft
     columns, truth (A, D) token ids (-1 past the end), truth_logp (A, D) the head's log-prob of the truth
     (-inf outside the draft vocabulary), truth_pos (A, D) its index among the candidates (-1: not one)."""
     from .train import sample_anchors
@@ -81,7 +101,7 @@ def sequence_features(proposer, row: dict, n_anchors: int, c: int, generator: to
     ids = torch.tensor(row["prompt_ids"] + row["response_ids"][:max_response + head.config.block_size])
     p, s, depths = len(row["prompt_ids"]), ids.numel(), head.config.block_size - 1
     anchors = sample_anchors(p, min(s - 1, p + max_response), n_anchors, generator)  # each has depths 1 and 2
-    _, taps = target.sequence_taps(ids.to(target.device), proposer.taps, logits=False)
+    _, taps = (source or (lambda _, x: target.sequence_taps(x, proposer.taps, logits=False)))(number, ids.to(target.device))
     hidden = head.sequence_blocks(taps.to(head.fc.weight.device), head.block_inputs(ids[anchors], proposer.embed),
                                   anchors).float().cpu()                                  # (A, D, H)
     logp = proposer.logp(hidden.to(proposer.out.dtype)).cpu()                             # (A, D, K)
@@ -108,9 +128,10 @@ def _columns(proposer, k: int) -> torch.Tensor:
 
 
 def features(cfg: CorrectionTrainConfig, proposer, rows: list[dict], folder: Path, progress: bool = True,
-             shard: int = 64) -> dict:
+             shard: int = 64, source=None, numbers: list[int] | None = None) -> dict:
     """Every row's features (``sequence_features``) concatenated, plus ``seq`` (N,) the row index and
-    ``heldout`` (N,) bool; computed once into ``folder`` (shards of ``shard`` rows, resumable)."""
+    ``heldout`` (N,) bool; computed once into ``folder`` (shards of ``shard`` rows, resumable). ``source``
+    and ``numbers`` (each row's number in it): where the taps come from (default: the target's forward)."""
     folder.mkdir(parents=True, exist_ok=True)
     parts = []
     with tqdm(total=len(rows), desc="features", disable=not progress) as bar:
@@ -124,7 +145,8 @@ def features(cfg: CorrectionTrainConfig, proposer, rows: list[dict], folder: Pat
             feats = []
             for i, row in enumerate(chunk):
                 g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + start + i)
-                feats.append(sequence_features(proposer, row, cfg.anchors, cfg.candidates, g, cfg.max_response))
+                feats.append(sequence_features(proposer, row, cfg.anchors, cfg.candidates, g, cfg.max_response, source,
+                                               numbers[start + i] if numbers else 0))
                 bar.update(1)
             part = {k: torch.cat([f[k] for f in feats]) for k in feats[0]}
             part["seq"] = torch.cat([torch.full((f["truth"].shape[0],), start + i) for i, f in enumerate(feats)])
@@ -229,20 +251,23 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     from .proposers import make_proposer, shipped_head_dir
     from .target import load_target
     head_dir = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
-    rows = training_rows(cfg)
+    files, indexed = indexed_rows(cfg)
+    rows = [r for _, r in indexed]
     target = load_target(None, dtype=cfg.dtype)
     proposer = make_proposer("jetflow", target, head=str(head_dir), draft_dtype=torch.float32)
+    source = cached_source(cfg, target, files, tuple(proposer.taps)) if cfg.taps == "cached" else None
     tag = f"{head_dir.name}-{cfg.dtype}-c{cfg.candidates}-a{cfg.anchors}-r{cfg.max_response}-s{cfg.seed}"
     work = Path(cfg.cache).expanduser() if cfg.cache else cache_dir() / "correction" / tag
-    feats = features(cfg, proposer, rows, work / "features", progress)
-    run = hashlib.sha256(json.dumps(asdict(cfg) | {"out": None, "cache": None}, sort_keys=True).encode()).hexdigest()[:12]
+    feats = features(cfg, proposer, rows, work / "features", progress, source=source, numbers=[i for i, _ in indexed])
+    fields = {k: v for k, v in asdict(cfg).items() if k not in ("taps", "taps_dir")}  # both sources: the same features
+    run = hashlib.sha256(json.dumps(fields | {"out": None, "cache": None}, sort_keys=True).encode()).hexdigest()[:12]
     module, history = fit(cfg, feats, proposer.out.float(), proposer.embed.float(), work / f"fit-{run}.pt", progress)
     provenance = {"command": command_line(cfg, CorrectionTrainConfig(), ["python", "-m", "jetflow", "train-correction"],
-                                          skip=("out", "cache", "data_dir"), always=("max_seqs", "epochs")),
+                                          skip=("out", "cache", "data_dir", "taps_dir"), always=("max_seqs", "epochs")),
                   "data": portable_path(Path(cfg.data).expanduser()), "sequences": len(rows),
                   "sequence_ids_sha256": hashlib.sha256("\n".join(r["id"] for r in rows).encode()).hexdigest(),
                   "anchors": int(feats["truth"].shape[0]), "heldout_anchors": int(feats["heldout"].sum()),
-                  "head": head_dir.name, "features": f"{cfg.dtype} target taps, fp32 head",
+                  "head": head_dir.name, "features": f"{cfg.dtype} target taps ({cfg.taps}), fp32 head",
                   "kept_epoch": min(history, key=lambda h: h["loss"])["epoch"], "history": history}
     return module.save(head_dir, provenance)
 

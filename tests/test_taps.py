@@ -287,3 +287,41 @@ def test_holdout_refuses_a_part_still_growing_or_too_short(folder, tmp_path):
         split_data(dataclasses.replace(cfg, data=str(whole(folder)), holdout=5))
     with pytest.raises(ValueError, match="holdout must be >= 0"):
         dataclasses.replace(cfg, holdout=-1)
+
+
+# ----------------------------------------------------------------------------- the correction's features
+def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target, folder, tmp_path, monkeypatch):
+    """``train-correction --taps cached`` reads each row's taps by its number across the parts (one row of
+    part 1 left out shifts the rest) and gives the online path's features and weights; a missing cache is
+    refused with the command that builds it."""
+    import jetflow.profile
+    import jetflow.proposers
+    import jetflow.target
+    from jetflow.correction import load_correction
+    from jetflow.correction_train import CorrectionTrainConfig, train_correction
+    from jetflow.proposers import HeadProposer
+    head_dir = tmp_path / "head"
+    head = build_head(cached_cfg(folder, head_dir), target).eval()
+    head_dir.mkdir()
+    proposer = HeadProposer(head, target, "best_prefix")
+    monkeypatch.setattr(jetflow.profile, "heldout_prompts", lambda n, **kw: [{"id": "src1:1-1"}])
+    monkeypatch.setattr(jetflow.target, "load_target", lambda *a, **kw: target)
+    monkeypatch.setattr(jetflow.proposers, "make_proposer", lambda *a, **kw: proposer)
+    files = data_files(folder)
+    build_all(target, files, [cache_for(tmp_path / "taps", f, True) for f in files], layers=proposer.taps,
+              max_len=64, progress=False)
+    cfg = CorrectionTrainConfig(data=str(folder), max_seqs=0, anchors=4, candidates=8, rank=4, epochs=1,
+                                batch_size=16, out=str(head_dir), taps_dir=str(tmp_path / "taps"))
+    feats, weights = {}, {}
+    for taps in ("online", "cached"):
+        train_correction(dataclasses.replace(cfg, taps=taps, cache=str(tmp_path / taps)), progress=False)
+        shards = sorted((tmp_path / taps / "features").glob("shard-*.pt"))
+        feats[taps] = [torch.load(s) for s in shards]
+        weights[taps] = load_correction(head_dir).state_dict()
+    assert len(feats["online"][0]["ids"]) == 14 and "src1:1-1" not in feats["online"][0]["ids"]
+    for a, b in zip(feats["online"], feats["cached"], strict=True):
+        assert a["ids"] == b["ids"] and all(torch.equal(a[k], b[k]) for k in a if k != "ids")
+    assert all(torch.equal(weights["online"][k], weights["cached"][k]) for k in weights["online"])
+    with pytest.raises(FileNotFoundError, match="jetflow taps --data"):
+        train_correction(dataclasses.replace(cfg, taps="cached", taps_dir=str(tmp_path / "none"),
+                                             cache=str(tmp_path / "x")), progress=False)
