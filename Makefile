@@ -133,6 +133,17 @@ curve: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-tau-curve
 	$(PY) -m jetflow report --write
 
+# Beyond the paper (issues 19 and 20): the path correction beside the largest replayed curve point's causal head
+# (results.CURVE_K), on the first 1,582 answers of the full pool (the shipped correction's recipe), its features read
+# from the curve's taps cache (no target forward; ~35 minutes on a shared core), then the replay against that point's
+# DDTree (~25 minutes on a shared core).
+.PHONY: curve-correction
+curve-correction: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow train-correction --data $(REGEN_ALL) --taps cached --max-seqs 1582 --epochs 4 \
+	    --out $(CACHE)/curve/regen-smollm2-135m-bfloat16-all-256/causal-k4
+	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-curve-correction
+	$(PY) -m jetflow report --write
+
 .PHONY: heads
 heads: $(STAMP)
 	mkdir -p $(HEADS_WORK)

@@ -359,13 +359,14 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "pc-bf16": lambda res: grid(res, ["cpu-pc-bf16-gsm8k", "cpu-pc-bf16-math500"]),
     "pc-fp32": lambda res: grid(res, ["cpu-pc-fp32-gsm8k", "cpu-pc-fp32-math500"]),
     "tau-curve": tau_curve,
+    "curve-correction": lambda res: correction_gain(res, "cpu-curve-correction"),
 }
 
 
 DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout) -> its tables
     "README.md": ("headline",),
     "docs/cli.md": ("cli-help",),
-    "docs/scale.md": ("train-throughput", "tau-curve"),
+    "docs/scale.md": ("train-throughput", "tau-curve", "curve-correction"),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
                         "replay-stop", "replay-correction", "sampling", "pc-bf16", "pc-fp32"),

@@ -26,6 +26,14 @@ TREE_METHODS = ("jetflow,jetflow-bp,jetflow-cal,jetflow-t2g,jetflow-profile,jetf
 CORRECTION_METHODS = "jetflow-pc,jetflow-pcx,jetflow-bp,ddtree"
 TREES_LIMIT = 8  # prompts per dataset of the diagnoses: the AR decodes that fitted one session on the shared 2-core CPU
 REPLAY_DATASETS = ("--datasets", "gsm8k,math500,humaneval,mt_bench", "--budgets", "8,16,32,64,128,255")
+CURVE_K = 4  # the curve point whose heads `make curve-correction` corrects and replays (the largest one replayed)
+
+
+def curve_head(head: str, k: int = CURVE_K) -> str:
+    """The folder of a curve point's head under the curve's default work folder (``make curve`` trains it)."""
+    from .curve import DEFAULT_DATA
+    from .data import cache_dir
+    return str(cache_dir() / "curve" / DEFAULT_DATA / f"{head}-k{k}")
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,12 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # tau against training data (docs/scale.md, issue 20): both heads from scratch on the first k of the 8 parts of the
     # full-pool regeneration, replayed; resumable, and rerun as parts arrive (one point's heads ~8 min per part-pass)
     Entry("cpu-tau-curve", ("curve",), "curve", 1),
+    # the path correction trained beside the largest replayed curve point's causal head (`make curve-correction`
+    # trains it first, from the cached taps), replayed against the same point's bidirectional head under DDTree
+    Entry("cpu-curve-correction", ("replay", "--methods", CORRECTION_METHODS, *COMMON, "--datasets",
+                                   "gsm8k,math500,humaneval,mt_bench", "--budgets", "16,64,255",
+                                   "--jetflow-head", curve_head("causal"), "--dflash-head", curve_head("bidirectional")),
+          "curve-correction", 1),
 )}
 GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
 
