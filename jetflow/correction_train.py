@@ -34,6 +34,9 @@ class CorrectionTrainConfig:
     """``python -m jetflow train-correction``: features once, then epochs of the small module."""
     data: str = option(REGEN, "folder of regenerated part-*.jsonl files (or one .jsonl file)")
     max_seqs: int = option(800, "regenerated sequences to use (first N rows; 0: all)")
+    spread: bool = option(False, "take the --max-seqs rows evenly spaced through the whole data instead of the first "
+                          "N (regenerate writes each part longest prompt first, so the first rows lean to long "
+                          "code prompts)", negate=("--first-rows", "take the first --max-seqs rows (the default)"))
     anchors: int = option(48, "random anchors per sequence")
     max_response: int = option(240, "anchors come from the first N response tokens (shorter target forwards)")
     dtype: str = option("bfloat16", "the target's dtype for the taps (the regenerated answers are bf16's)")
@@ -77,7 +80,11 @@ def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int
     unseen |= head_holdout_ids(cfg.out or shipped_head_dir("jetflow"))
     rows = [r for f in files for r in load_regenerated(f)]
     rows = [(i, r) for i, r in enumerate(rows) if r["id"] not in unseen and len(r["response_ids"]) > 2]
-    return files, rows[:cfg.max_seqs] if cfg.max_seqs else rows
+    if not cfg.max_seqs or cfg.max_seqs >= len(rows):
+        return files, rows
+    if cfg.spread:
+        return files, [rows[i * len(rows) // cfg.max_seqs] for i in range(cfg.max_seqs)]
+    return files, rows[:cfg.max_seqs]
 
 
 def cached_source(cfg: CorrectionTrainConfig, target, files: list[Path], layers: tuple[int, ...]):

@@ -1,5 +1,6 @@
 """The path correction (jetflow/correction.py), its training (jetflow/correction_train.py) and the
 path_prefix builder: slow references, the zero correction, losslessness, replay == decode."""
+import dataclasses
 import itertools
 import math
 
@@ -310,5 +311,21 @@ def test_correction_training_leaves_out_the_profile_prompts_and_the_heads_holdou
     head.mkdir()
     cfg = CorrectionTrainConfig(data=str(data), max_seqs=0, out=str(head))
     assert [r["id"] for r in training_rows(cfg)] == [f"gsm8k-train:{i}" for i in (0, 2, 3, 4, 5)]
+    assert [r["id"] for r in training_rows(dataclasses.replace(cfg, max_seqs=2))] == ["gsm8k-train:0", "gsm8k-train:2"]
+    spread = dataclasses.replace(cfg, max_seqs=2, spread=True)  # evenly through the rows left, not the first two
+    assert [r["id"] for r in training_rows(spread)] == ["gsm8k-train:0", "gsm8k-train:3"]
     (head / "provenance.json").write_text(json.dumps({"data": {"holdout_ids": ["gsm8k-train:4", "gsm8k-train:5"]}}))
     assert [r["id"] for r in training_rows(cfg)] == [f"gsm8k-train:{i}" for i in (0, 2, 3)]
+
+
+def test_train_correction_flags_spread_and_its_command_line():
+    from jetflow.cli import build_parser
+    from jetflow.correction_train import CorrectionTrainConfig
+    from jetflow.flags import command_line, given
+    args = build_parser().parse_args(["train-correction", "--max-seqs", "3164", "--spread"])
+    cfg = CorrectionTrainConfig(**given(args, CorrectionTrainConfig))
+    assert cfg.spread and cfg.max_seqs == 3164
+    line = command_line(cfg, CorrectionTrainConfig(), ["python", "-m", "jetflow", "train-correction"])
+    assert "--spread" in line and "--first-rows" not in line
+    assert not CorrectionTrainConfig(**given(build_parser().parse_args(["train-correction", "--first-rows"]),
+                                             CorrectionTrainConfig)).spread
