@@ -17,14 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from .correction import CorrectionConfig, PathCorrection, candidates, corrected_logp
-from .flags import command_line, option
+from .flags import command_args, option
 
 REGEN = "~/.cache/jetflow/regen-smollm2-135m-bfloat16-all-256"
 
@@ -254,7 +254,7 @@ def fit(cfg: CorrectionTrainConfig, feats: dict, out: torch.Tensor, embed: torch
 def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     """Features (cached), epochs, then ``correction.safetensors`` + ``correction.json`` in the head folder
     with the command, the data, the held-out history and no machine-local path."""
-    from .data import cache_dir, portable_path
+    from .data import cache_dir, portable_path, shell_join
     from .proposers import make_proposer, shipped_head_dir
     from .target import load_target
     head_dir = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
@@ -269,8 +269,9 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     fields = {k: v for k, v in asdict(cfg).items() if k not in ("taps", "taps_dir")}  # both sources: the same features
     run = hashlib.sha256(json.dumps(fields | {"out": None, "cache": None}, sort_keys=True).encode()).hexdigest()[:12]
     module, history = fit(cfg, feats, proposer.out.float(), proposer.embed.float(), work / f"fit-{run}.pt", progress)
-    provenance = {"command": command_line(cfg, CorrectionTrainConfig(), ["python", "-m", "jetflow", "train-correction"],
-                                          skip=("out", "cache", "data_dir", "taps_dir"), always=("max_seqs", "epochs")),
+    shown = replace(cfg, data=portable_path(Path(cfg.data).expanduser()))  # the command as any machine reads it
+    provenance = {"command": shell_join(command_args(shown, CorrectionTrainConfig(), ["python", "-m", "jetflow", "train-correction"],
+                                                     skip=("out", "cache", "data_dir", "taps_dir"), always=("max_seqs", "epochs"))),
                   "data": portable_path(Path(cfg.data).expanduser()), "sequences": len(rows),
                   "sequence_ids_sha256": hashlib.sha256("\n".join(r["id"] for r in rows).encode()).hexdigest(),
                   "anchors": int(feats["truth"].shape[0]), "heldout_anchors": int(feats["heldout"].sum()),

@@ -304,6 +304,7 @@ def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target
     head = build_head(cached_cfg(folder, head_dir), target).eval()
     head_dir.mkdir()
     proposer = HeadProposer(head, target, "best_prefix")
+    monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path))  # the data lies in the cache folder
     monkeypatch.setattr(jetflow.profile, "heldout_prompts", lambda n, **kw: [{"id": "src1:1-1"}])
     monkeypatch.setattr(jetflow.target, "load_target", lambda *a, **kw: target)
     monkeypatch.setattr(jetflow.proposers, "make_proposer", lambda *a, **kw: proposer)
@@ -322,6 +323,9 @@ def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target
     for a, b in zip(feats["online"], feats["cached"], strict=True):
         assert a["ids"] == b["ids"] and all(torch.equal(a[k], b[k]) for k in a if k != "ids")
     assert all(torch.equal(weights["online"][k], weights["cached"][k]) for k in weights["online"])
+    command = json.loads((head_dir / "correction.json").read_text())
+    command = command.get("provenance", command)["command"]  # the data as the cache folder names it, no local path
+    assert "--data $JETFLOW_CACHE/chunked" in command and str(tmp_path) not in command
     with pytest.raises(FileNotFoundError, match="jetflow taps --data"):
         train_correction(dataclasses.replace(cfg, taps="cached", taps_dir=str(tmp_path / "none"),
                                              cache=str(tmp_path / "x")), progress=False)
