@@ -108,7 +108,8 @@ def sequence_features(proposer, row: dict, n_anchors: int, c: int, generator: to
     ids = torch.tensor(row["prompt_ids"] + row["response_ids"][:max_response + head.config.block_size])
     p, s, depths = len(row["prompt_ids"]), ids.numel(), head.config.block_size - 1
     anchors = sample_anchors(p, min(s - 1, p + max_response), n_anchors, generator)  # each has depths 1 and 2
-    _, taps = (source or (lambda _, x: target.sequence_taps(x, proposer.taps, logits=False)))(number, ids.to(target.device))
+    from .taps import OnlineTaps
+    _, taps = (source or OnlineTaps(target, proposer.taps))(number, ids.to(target.device))
     hidden = head.sequence_blocks(taps.to(head.fc.weight.device), head.block_inputs(ids[anchors], proposer.embed),
                                   anchors).float().cpu()                                  # (A, D, H)
     logp = proposer.logp(hidden.to(proposer.out.dtype)).cpu()                             # (A, D, K)
@@ -272,7 +273,7 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     shown = replace(cfg, data=portable_path(Path(cfg.data).expanduser()))  # the command as any machine reads it
     provenance = {"command": shell_join(command_args(shown, CorrectionTrainConfig(), ["python", "-m", "jetflow", "train-correction"],
                                                      skip=("out", "cache", "data_dir", "taps_dir"), always=("max_seqs", "epochs"))),
-                  "data": portable_path(Path(cfg.data).expanduser()), "sequences": len(rows),
+                  "data": shown.data, "sequences": len(rows),
                   "sequence_ids_sha256": hashlib.sha256("\n".join(r["id"] for r in rows).encode()).hexdigest(),
                   "anchors": int(feats["truth"].shape[0]), "heldout_anchors": int(feats["heldout"].sum()),
                   "head": head_dir.name, "features": f"{cfg.dtype} target taps ({cfg.taps}), fp32 head",

@@ -31,9 +31,8 @@ CURVE_K = 4  # the curve point whose heads `make curve-correction` corrects and 
 
 def curve_head(head: str, k: int = CURVE_K) -> str:
     """The folder of a curve point's head under the curve's default work folder (``make curve`` trains it)."""
-    from .curve import DEFAULT_DATA
-    from .data import cache_dir
-    return str(cache_dir() / "curve" / DEFAULT_DATA / f"{head}-k{k}")
+    from .curve import CurveConfig, point_dir
+    return str(point_dir(CurveConfig(out="-"), k, head))
 
 
 @dataclass(frozen=True)
