@@ -133,6 +133,23 @@ curve: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-tau-curve
 	$(PY) -m jetflow report --write
 
+# One curve point of one head on a fresh machine, both cores on it (a 3-hour session fits the k = 8 point of one
+# head): the shipped ids unpacked, the taps of its parts cached by two processes that split the parts (--share;
+# ~55 minutes for all 8), the head trained by two data-parallel processes over gloo (as tests/test_distributed.py
+# launches them; the weights are one process's up to float rounding, docs/distributed.md), replayed, and its rows
+# added to the committed ones (--keep: the other points' rows stay as they were). `make curve-point K=8 HEAD=bidirectional` for the other.
+K    ?= 8
+HEAD ?= causal
+.PHONY: curve-point
+curve-point: $(STAMP)
+	$(PY) -m jetflow unpack --packed data/regen/smollm2-135m-bfloat16-all-256 --out $(REGEN_ALL)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow taps --data $(REGEN_ALL) --parts $(K) --share & a=$$!; \
+	OMP_NUM_THREADS=1 $(PY) -m jetflow taps --data $(REGEN_ALL) --parts $(K) --share & b=$$!; \
+	wait $$a && wait $$b
+	OMP_NUM_THREADS=1 ACCELERATE_USE_CPU=1 $(PY) -m accelerate.commands.launch --multi_gpu --num_processes 2 \
+	    --num_machines 1 --mixed_precision no --dynamo_backend no -m jetflow curve --parts $(K) --heads $(HEAD) --keep --out data/results/cpu-tau-curve
+	$(PY) -m jetflow report --write
+
 # Beyond the paper (issues 19 and 20): the path correction beside the largest replayed curve point's causal head
 # (results.CURVE_K), on the first 1,582 answers of the full pool (the shipped correction's recipe), its features read
 # from the curve's taps cache (no target forward; ~35 minutes on a shared core), then the replay against that point's

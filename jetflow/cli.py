@@ -272,6 +272,10 @@ class TapsConfig:
     shard_rows: int = option(128, "sequences per shard (the unit a killed build resumes from)")
     model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
     dtype: str = option("bfloat16", "the target's dtype (train's --set dtype must match)")
+    share: bool = option(False, "several processes of the same command split the files: one that another process "
+                         "is caching is passed over, then waited for at the end (one thread each: "
+                         "OMP_NUM_THREADS=1)", negate=("--alone", "fail on a file another process is caching "
+                                                       "(the default)"))
 
 
 def cmd_taps(args) -> int:
@@ -289,7 +293,7 @@ def cmd_taps(args) -> int:
     layers = HeadConfig.for_target(target.config, num_layers=cfg.num_layers).target_layer_ids
     root = checks.writable_dir(Path(cfg.out) if cfg.out else default_dir(cfg.data, target.name, layers), "--out")
     build_all(target, files, [cache_for(root, f, Path(cfg.data).is_dir()) for f in files], layers=layers,
-              max_len=cfg.max_len, shard_rows=cfg.shard_rows)
+              max_len=cfg.max_len, shard_rows=cfg.shard_rows, share=cfg.share)
     print(root, flush=True)
     return 0
 
@@ -565,7 +569,8 @@ def cmd_curve(args) -> int:
     checks.writable_dir(cfg.out, "--out")
     checks.data_source(cfg.data_dir)
     rows = curve.run(cfg)
-    print(curve.to_markdown(rows))
+    if rows:  # a data-parallel peer of an `accelerate launch` returns none: the main process prints them
+        print(curve.to_markdown(rows))
     return 0
 
 

@@ -30,6 +30,7 @@ HEADS = {  # head kind -> (TrainConfig fields, the replayed methods)
     "bidirectional": ({"causal": False, "gamma": 7.0}, ("ddtree", "dflash")),
 }
 DEFAULT_DATA = "regen-smollm2-135m-bfloat16-all-256"  # `regenerate --n 0 --chunks 8 --max-new-tokens 256`
+DEFAULT_PASSES = 2.0  # CurveConfig.passes: a point trained for other passes gets a folder of its own
 PLOT = "curve.html"
 TAPS_MAX_LEN = 768  # what `python -m jetflow taps` caches by default: a cache built by hand is reused
 
@@ -48,7 +49,7 @@ class CurveConfig:
                               "cache's curve/DATA)")
     parts: tuple[int, ...] = option((1, 2, 4, 8), "the k of each point, comma list", parse=_ints)
     heads: tuple[str, ...] = option(tuple(HEADS), "head kinds, comma list: " + ",".join(HEADS), parse=comma_list)
-    passes: float = option(2.0, "passes over each point's training sequences (the same for every k)")
+    passes: float = option(DEFAULT_PASSES, "passes over each point's training sequences (the same for every k)")
     anchors: int = option(64, "anchors per sequence (the shipped heads' recipe)")
     seqs_per_step: int = option(2, "sequences per optimiser step (the shipped heads' recipe)")
     lr: float = option(1e-3, "peak AdamW lr (the cpu preset's)")
@@ -67,6 +68,10 @@ class CurveConfig:
                              "already (replay.json), and skip the others: nothing is trained or replayed, so "
                              "the committed rows can be refreshed while a larger point is still training",
                              negate=("--train-missing", "train and replay the points still missing (the default)"))
+    keep: bool = option(False, "keep the rows already in --out of the points (head, k) not run now, each with its own "
+                        "training command: a larger point can be added to the committed rows without the smaller "
+                        "points' heads on this machine (their replay settings must be this run's)",
+                        negate=("--replace", "write only the points run now (the default)"))
 
     prompts_file = None  # ``bench.prompt_sets`` reads the benchmark prompts of this config
 
@@ -107,25 +112,40 @@ def train_config(cfg: CurveConfig, k: int, head: str, taps_dir: Path):
 
 
 def point_dir(cfg: CurveConfig, k: int, head: str) -> Path:
-    return cfg.work_dir / f"{head}-k{k}"
+    """``{head}-k{k}``, with ``-p{passes}`` when the passes are not the default: a point trained for other passes
+    is another head, so it never meets the default point's checkpoint."""
+    return cfg.work_dir / (f"{head}-k{k}" + ("" if cfg.passes == DEFAULT_PASSES else f"-p{cfg.passes:g}"))
 
 
-def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, progress: bool = True) -> list[dict]:
-    """Train (or resume) one point's head, then replay it once (``replay.json``). -> its rows."""
-    from .replay import replay
+def train_point(cfg: CurveConfig, k: int, head: str, target, *, progress: bool = True):
+    """Cache the taps of the point's parts, then train (or resume) its head, unless its replay rows are saved
+    already. Every process of an ``accelerate launch`` calls this for the same points, in the same order, so
+    they train each head together (docs/distributed.md). -> the point's TrainConfig."""
     from .taps import build_all, cache_for, default_dir
     from .train import train
     layers = _layers(target)
     root = default_dir(cfg.data, target.name, layers)
     tcfg = train_config(cfg, k, head, root)
+    if saved_rows(cfg, tcfg) is None:
+        files = data_files(cfg.data, k)
+        build_all(target, files, [cache_for(root, f, True) for f in files], layers=layers, max_len=TAPS_MAX_LEN,
+                  progress=progress, wait=True)  # one head per process side by side: one builds, the other waits
+        train(tcfg, target, progress=progress)
+    return tcfg
+
+
+def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, progress: bool = True) -> list[dict]:
+    """One point's replay rows: the saved ones (``replay.json``), or its trained head (``train_point``) replayed
+    once and saved. -> its rows."""
+    from .replay import replay
+    from .taps import default_dir
+    tcfg = train_config(cfg, k, head, default_dir(cfg.data, target.name, _layers(target)))
     out = Path(tcfg.out)
     rows = saved_rows(cfg, tcfg)
     if rows is not None:
         return rows
-    files = data_files(cfg.data, k)
-    build_all(target, files, [cache_for(root, f, True) for f in files], layers=layers, max_len=TAPS_MAX_LEN,
-              progress=progress, wait=True)  # one head per process side by side: one builds, the other waits
-    train(tcfg, target, progress=progress)
+    if not (out / "provenance.json").is_file():
+        raise RuntimeError(f"the head of {head} k = {k} is not trained yet ({out}); curve.train_point trains it")
     prov = json.loads((out / "provenance.json").read_text())
     history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     last = history[-1]
@@ -163,6 +183,12 @@ def _same_settings(row: dict, cfg: CurveConfig, command: str) -> bool:
             and row["n_prompts"] == cfg.limit and row["dataset"] in cfg.datasets and row["budget"] in cfg.budgets)
 
 
+def _is_main() -> bool:
+    """Whether this process writes the rows: the only one, or the main one of an ``accelerate launch``."""
+    from .train import _is_main as main
+    return main()
+
+
 def _layers(target) -> tuple[int, ...]:
     from .head import HeadConfig
     return HeadConfig.for_target(target.config).target_layer_ids  # TrainConfig's 2 draft layers
@@ -190,23 +216,50 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
         skipped, todo = sorted(set(skipped) | set(todo) - set(done)), done
         if not todo:
             raise ValueError("--done-only: no point has all its heads trained and replayed yet")
+    kept = kept_rows(cfg, {(h, k) for k in todo for h in cfg.heads}) if cfg.keep else []  # refused before any work
+    for k in todo:  # every point trained first: under `accelerate launch` all processes train, the main one replays
+        for head in cfg.heads:
+            train_point(cfg, k, head, target, progress=progress and _is_main())
+    if not _is_main():
+        return []  # a data-parallel peer: the main process replays the points and writes the rows
     fp32_target = fp32_target or load_target(None, dtype="float32")  # replay: fp32, as the committed tau
     prompts = checks.prompt_source(lambda: prompt_sets(cfg))
     traces = {ds: ar_traces(fp32_target, ps, cfg.max_new_tokens, dataset=ds, progress=progress,
                             cache=trace_cache(fp32_target, ds))
               for ds, ps in prompts.items()}
     of_parts = part_of(data_files(cfg.data)[0])[1]  # N of part-KK-of-NN, however many exist yet
-    settings = {f: v for f, v in asdict(cfg).items() if f != "done_only"}  # how it ran, not what it measured
+    settings = {f: v for f, v in asdict(cfg).items() if f not in ("done_only", "keep")}  # how it ran, not what it measured
     rows = [r | {"of_parts": of_parts, "curve": settings | {"data": portable_path(cfg.data), "out": Path(cfg.out).name,
                                           "work": None if cfg.work is None else portable_path(cfg.work)}}
             for k in todo for head in cfg.heads
             for r in point(cfg, k, head, target, fp32_target, traces, progress=progress)]
+    if kept:
+        rows = kept + rows
+        rows.sort(key=lambda r: (r["parts"], list(HEADS).index(r["head"])))  # stable: a point's rows stay in order
     write_rows(rows, cfg.out, to_markdown)
     plot(rows).write_html(Path(cfg.out) / PLOT, include_plotlyjs="cdn")
     if skipped:
         why = "not trained and replayed yet (--done-only)" if cfg.done_only else "their parts are still being regenerated"
         print(f"skipped k = {skipped}: {why}; rerun to add them", flush=True)
     return rows
+
+
+def kept_rows(cfg: CurveConfig, ran: set[tuple[str, int]]) -> list[dict]:
+    """``--keep``: the rows in ``cfg.out``'s rows.json of the points (head, k) not in ``ran``. Each keeps its own
+    training command and curve settings; a kept row replayed on other prompts, tokens, datasets or budgets
+    than this run is refused, since the table would mix them."""
+    saved = Path(cfg.out) / "rows.json"
+    if not saved.is_file():
+        return []
+    kept = [r for r in json.loads(saved.read_text()) if (r["head"], r["parts"]) not in ran]
+    asked = {(d, b) for d in cfg.datasets for b in cfg.budgets}
+    for r in kept:
+        if r["n_prompts"] != cfg.limit or r.get("max_new_tokens") != cfg.max_new_tokens or \
+                (r["dataset"], r["budget"]) not in asked:
+            raise ValueError(f"--keep: the kept row of {r['head']} k = {r['parts']} ({r['dataset']}, budget {r['budget']}, "
+                             f"{r['n_prompts']} prompts, {r.get('max_new_tokens')} new tokens) was replayed with other "
+                             f"settings than this run; rerun that point or drop --keep")
+    return kept
 
 
 def table(rows: list[dict]) -> str:

@@ -118,12 +118,27 @@ def missing_rows(data: str | Path, out: str | Path, shard_rows: int) -> int:
                for k in range(-(-n // shard_rows)) if not _shard(Path(out), k)[1].is_file())
 
 
-def build_all(target, files: list[Path], caches: list[Path], *, progress: bool = True, **kw) -> list[Path]:
+def build_all(target, files: list[Path], caches: list[Path], *, progress: bool = True, share: bool = False,
+              **kw) -> list[Path]:
     """``build`` for each data file into its cache folder, under one progress bar (with ETA); ``kw`` as
-    ``build``'s (``wait``: wait for another builder of a cache instead of failing)."""
-    total = sum(missing_rows(f, c, kw.get("shard_rows", 128)) for f, c in zip(files, caches))
-    with tqdm(total=total, unit="seq", desc="taps", disable=not progress) as bar:
-        return [build(target, f, out=c, bar=bar, **kw) for f, c in zip(files, caches)]
+    ``build``'s (``wait``: wait for another builder of a cache instead of failing). With ``share``, several
+    processes running the same files split them: a file that another process is caching is passed over
+    and waited for at the end, so N processes cache N files at a time."""
+    todo = [missing_rows(f, c, kw.get("shard_rows", 128)) for f, c in zip(files, caches)]
+    with tqdm(total=sum(todo), unit="seq", desc="taps", disable=not progress) as bar:
+        if not share:
+            return [build(target, f, out=c, bar=bar, **kw) for f, c in zip(files, caches)]
+        kw.pop("wait", None)
+        later = []
+        for f, c, n in zip(files, caches, todo):
+            try:
+                build(target, f, out=c, bar=bar, wait=False, **kw)
+            except jsonl.Busy:
+                later.append((f, c, n))  # another process holds it: the next file first
+        for f, c, n in later:
+            build(target, f, out=c, bar=bar, wait=True, **kw)  # finds it whole once the other process is done
+            bar.update(n)
+        return list(caches)
 
 
 # ----------------------------------------------------------------------------- reading

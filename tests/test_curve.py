@@ -3,6 +3,7 @@ fixture prompts: every ready point trains with one recipe and is replayed, point
 being regenerated are skipped, rerunning adds nothing twice, and the rows, table and plot say what ran."""
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,6 +51,8 @@ def test_one_recipe_and_the_same_passes_for_every_point(folder, tmp_path):
         {f: getattr(two, f) for f in ("lr", "anchors_per_seq", "loss", "taps", "causal", "gamma")}
     bidir = train_config(cfg, 1, "bidirectional", tmp_path / "taps")
     assert not bidir.causal and bidir.gamma == 7.0 and bidir.steps == one.steps and bidir.out != one.out
+    assert Path(one.out).name == "causal-k1-p3"  # other passes: another head, in a folder of its own
+    assert Path(train_config(replace(cfg, passes=2.0), 1, "causal", tmp_path / "taps").out).name == "causal-k1"
 
 
 @pytest.mark.parametrize("tiny_target", ["llama"], indirect=True)
@@ -102,13 +105,23 @@ def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys
     assert {"--holdout 2" in r["train_command"] for r in more} == {True, False}
     replayed, real_replay = [], jetflow.replay.replay
     monkeypatch.setattr(jetflow.replay, "replay", lambda *a, **k: replayed.append(a[3]) or real_replay(*a, **k))
-    state = tmp_path / "work" / "causal-k1" / "checkpoint" / "train_state.json"
+    state = tmp_path / "work" / "causal-k1-p1" / "checkpoint" / "train_state.json"  # passes 1: not the default 2
     before = state.stat().st_mtime_ns
     fewer = run(replace(cfg, parts=(1,), budgets=(8,)), tiny_target, tiny_target, progress=False)
     assert replayed == [(8,), (8,)] and state.stat().st_mtime_ns == before  # other budgets: replayed, not retrained
     assert {r["budget"] for r in fewer} == {8}
     drop = lambda rs: [{k: v for k, v in r.items() if k != "curve"} for r in json.loads(json.dumps(list(rs)))]
     assert drop(r for r in more if r["parts"] < 3) == drop(rows)  # the earlier points' rows as they were
+    # --keep: a point run alone is added to the rows already in --out (the others need no head here)
+    run(replace(cfg, parts=(1, 2)), tiny_target, tiny_target, progress=False)
+    del trained[:]
+    kept = run(replace(cfg, parts=(3,), keep=True), tiny_target, tiny_target, progress=False)
+    assert drop(kept) == drop(more) and json.loads((out / "rows.json").read_text()) == json.loads(json.dumps(kept))
+    assert {tuple(r["curve"]["parts"]) == (3,) for r in kept} == {True, False} and all("keep" not in r["curve"] for r in kept)
+    assert (out / "table.md").read_text() == to_markdown(kept) and "| k 2 -> 3 |" in to_markdown(kept)
+    with pytest.raises(ValueError, match="--keep: the kept row of causal k = 1"):  # kept at budgets 4 and 8
+        run(replace(cfg, parts=(3,), budgets=(8,), keep=True), tiny_target, tiny_target, progress=False)
+    assert trained == []  # k = 3 reused its replay.json; the refused run did nothing first
 
 
 def test_bad_settings_are_clear_errors(folder, tmp_path, capsys):
@@ -138,3 +151,21 @@ def test_gains_per_doubling_of_the_tokens_seen():
     assert lines[2] == "| ddtree | gsm8k | +0.50 |  |" and lines[3] == "| jetflow | gsm8k | +0.50 | +0.50 |"
     with pytest.raises(ValueError, match="no row at budget 16"):
         gains(rows, 16)
+
+
+@pytest.mark.parametrize("tiny_target", ["llama"], indirect=True)
+def test_a_data_parallel_peer_trains_the_points_and_leaves_the_rest_to_the_main_process(tiny_target, folder, tmp_path,
+                                                                                       monkeypatch):
+    # under `accelerate launch` every process runs the command: all train each point together (the launch itself is
+    # tests/test_distributed.py's), and only the main one loads the fp32 target, replays and writes the rows
+    import jetflow.train
+    monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path / "cache"))
+    cfg = CurveConfig(out=str(tmp_path / "out"), data=str(folder), work=str(tmp_path / "work"), parts=(1, 2), **SETTINGS)
+    trained = []
+    monkeypatch.setattr(jetflow.train, "train", lambda c, *a, **k: trained.append((c.parts, c.causal)))
+    monkeypatch.setattr(curve, "_is_main", lambda: False)
+    assert run(cfg, tiny_target, object(), progress=False) == []  # object(): the fp32 target is never touched
+    assert trained == [(1, True), (1, False), (2, True), (2, False)] and not (tmp_path / "out" / "rows.json").exists()
+    monkeypatch.setattr(curve, "_is_main", lambda: True)  # the main process finds the heads untrained: a clear error
+    with pytest.raises(RuntimeError, match="the head of causal k = 1 is not trained yet"):
+        run(cfg, tiny_target, tiny_target, progress=False)

@@ -132,6 +132,29 @@ def test_a_waiting_builder_builds_once_the_other_lets_go(target, data, tmp_path,
     assert {p.name: p.read_bytes() for p in out.glob("*.npy")} == {p.name: p.read_bytes() for p in reference.glob("*.npy")}
 
 
+def test_shared_builders_split_the_files_and_wait_for_the_one_held(target, folder, tmp_path, monkeypatch):
+    # `taps --share` in two processes: a file another process holds is passed over, then waited for at the end
+    import multiprocessing as mp
+    files = data_files(folder, 0)
+    caches = [cache_for(tmp_path / "taps", f, True) for f in files]
+    caches[0].mkdir(parents=True)
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold_then_let_go, args=(caches[0], ready))  # holds part 0 for half a second
+    holder.start()
+    assert ready.wait(30)
+    order, real_build = [], build
+    monkeypatch.setattr("jetflow.taps.build", lambda t, f, **kw: order.append((f.name, kw["wait"])) or real_build(t, f, **kw))
+    assert build_all(target, files, caches, layers=LAYERS, max_len=20, shard_rows=2, progress=False, share=True,
+                     wait=True) == caches
+    holder.join(30)
+    names = [f.name for f in files]
+    assert order == [(names[0], False), (names[1], False), (names[2], False), (names[0], True)]
+    for f, c in zip(files, caches):  # every file whole, each as one builder alone makes it
+        ref = real_build(target, f, layers=LAYERS, max_len=20, shard_rows=2, out=tmp_path / "ref" / f.stem, progress=False)
+        assert {p.name: p.read_bytes() for p in c.glob("*.npy")} == {p.name: p.read_bytes() for p in ref.glob("*.npy")}
+
+
 @pytest.mark.parametrize("change", [dict(max_len=30), dict(layers=(1, 3)), dict(shard_rows=2)])
 def test_build_refuses_a_cache_of_other_settings(target, data, tmp_path, change):
     kw = dict(layers=LAYERS, max_len=20, out=tmp_path / "taps", shard_rows=3, progress=False)
