@@ -133,11 +133,12 @@ curve: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-tau-curve
 	$(PY) -m jetflow report --write
 
-# One curve point of one head on a fresh machine, both cores on it (a 3-hour session fits the k = 8 point of one
-# head): the shipped ids unpacked, the taps of its parts cached by two processes that split the parts (--share;
-# ~55 minutes for all 8), the head trained by two data-parallel processes over gloo (as tests/test_distributed.py
-# launches them; the weights are one process's up to float rounding, docs/distributed.md), replayed, and its rows
-# added to the committed ones (--keep: the other points' rows stay as they were). `make curve-point K=8 HEAD=bidirectional` for the other.
+# One curve point of one head on a fresh machine, both cores on it: the shipped ids unpacked, the taps of its parts
+# cached by two processes that split the parts (--share; ~70 minutes for all 8 parts), then the head trained and
+# replayed in one process with two threads (2.1 steps/s here, against 1.8 for two data-parallel processes), its
+# rows added to the committed ones (--keep: the other points' rows stay as they were). On this 2-core CPU the
+# k = 4 point (8,025 steps, ~1 h) fits a 3-hour session; k = 8 (16,030 steps, ~2 h after the taps) does not.
+# `make curve-point K=4 HEAD=bidirectional` for the other head.
 K    ?= 8
 HEAD ?= causal
 .PHONY: curve-point
@@ -146,8 +147,7 @@ curve-point: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m jetflow taps --data $(REGEN_ALL) --parts $(K) --share & a=$$!; \
 	OMP_NUM_THREADS=1 $(PY) -m jetflow taps --data $(REGEN_ALL) --parts $(K) --share & b=$$!; \
 	wait $$a && wait $$b
-	OMP_NUM_THREADS=1 ACCELERATE_USE_CPU=1 $(PY) -m accelerate.commands.launch --multi_gpu --num_processes 2 \
-	    --num_machines 1 --mixed_precision no --dynamo_backend no -m jetflow curve --parts $(K) --heads $(HEAD) --keep --out data/results/cpu-tau-curve
+	OMP_NUM_THREADS=2 $(PY) -m jetflow curve --parts $(K) --heads $(HEAD) --keep --out data/results/cpu-tau-curve
 	$(PY) -m jetflow report --write
 
 # Beyond the paper (issues 19 and 20): the path correction beside the largest replayed curve point's causal head
