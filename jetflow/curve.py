@@ -288,6 +288,40 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def same_steps_table(rows: list[dict], other: list[dict]) -> str:
+    """The same optimiser steps spent two ways: each point of ``other`` (trained for other passes, say one pass
+    over all the parts) beside the point of ``rows`` of the same head whose step count is nearest (two passes
+    over half the parts), per head method, dataset and budget (docs/scale.md)."""
+    budgets = sorted({r["budget"] for r in other})
+    lines = ["| method | dataset | " + " | ".join(f"B={b}" for b in budgets) + " |", "|---|---|" + "---|" * len(budgets)]
+    pairs = []
+    for head, k in dict.fromkeys((r["head"], r["parts"]) for r in other):
+        mine = [r for r in other if (r["head"], r["parts"]) == (head, k)]
+        theirs = [r for r in rows if r["head"] == head]
+        if not theirs:
+            raise ValueError(f"no {head} point to set beside the {head} k = {k} point")
+        near = min({r["parts"] for r in theirs}, key=lambda j: abs(next(r["steps"] for r in theirs if r["parts"] == j)
+                                                                   - mine[0]["steps"]))
+        base = [r for r in theirs if r["parts"] == near]
+        pairs.append((base[0], mine[0]))
+        tau = {(r["method"], r["dataset"], r["budget"]): r["tau"] for r in base}
+        for method, ds in dict.fromkeys((r["method"], r["dataset"]) for r in mine):
+            cells = []
+            for b in budgets:
+                new = next((r["tau"] for r in mine if (r["method"], r["dataset"], r["budget"]) == (method, ds, b)), None)
+                old = tau.get((method, ds, b))
+                cells.append("" if new is None or old is None else f"{old:.2f} -> {new:.2f} ({(new / old - 1) * 100:+.1f} %)")
+            lines.append(f"| {method} | {ds} | " + " | ".join(cells) + " |")
+    notes = [f"{a['head']} head: k = {a['parts']}/{a['of_parts']} for {a['passes']:g} passes ({a['steps']:,} steps, "
+             f"{a['response_tokens_seen']:,} response tokens seen, held-out acc1 {a['heldout_acc1']:.3f}) -> "
+             f"k = {b['parts']}/{b['of_parts']} for {b['passes']:g} pass{'es' if b['passes'] != 1 else ''} "
+             f"({b['steps']:,} steps, {b['response_tokens_seen']:,} response tokens seen, held-out acc1 "
+             f"{b['heldout_acc1']:.3f})" for a, b in pairs]
+    return "\n".join(lines + [""] + notes + ["", "Replayed greedy tau (fp32), the first "
+                                              f"{other[0]['n_prompts']} prompts of each dataset; the rest of the "
+                                              "recipe is the curve's."])
+
+
 def gains(rows: list[dict], budget: int) -> list[dict]:
     """Per head method and dataset, between each two consecutive points k_a < k_b: the tau gained at ``budget``
     per doubling of the response tokens seen, (tau_b - tau_a) / log2(seen_b / seen_a)."""

@@ -169,3 +169,17 @@ def test_a_data_parallel_peer_trains_the_points_and_leaves_the_rest_to_the_main_
     monkeypatch.setattr(curve, "_is_main", lambda: True)  # the main process finds the heads untrained: a clear error
     with pytest.raises(RuntimeError, match="the head of causal k = 1 is not trained yet"):
         run(cfg, tiny_target, tiny_target, progress=False)
+
+
+def test_the_same_steps_spent_on_more_data_are_set_beside_the_nearest_point():
+    def row(k, steps, passes, tau, budget=8, method="jetflow"):
+        return {"head": "causal", "parts": k, "of_parts": 4, "steps": steps, "passes": passes, "method": method,
+                "dataset": "gsm8k", "budget": budget, "tau": tau, "response_tokens_seen": 100 * steps,
+                "heldout_acc1": 0.1 * k, "n_prompts": 2}
+    rows = [row(1, 10, 2.0, 1.5), row(2, 20, 2.0, 2.0), row(2, 20, 2.0, 2.2, budget=16)]
+    other = [row(4, 19, 1.0, 2.5), row(4, 19, 1.0, 2.2, budget=16)]
+    table = curve.same_steps_table(rows, other)
+    assert "| jetflow | gsm8k | 2.00 -> 2.50 (+25.0 %) | 2.20 -> 2.20 (+0.0 %) |" in table  # k = 2: 20 steps, nearest 19
+    assert "k = 2/4 for 2 passes (20 steps, 2,000 response tokens seen" in table and "k = 4/4 for 1 pass (19 steps" in table
+    with pytest.raises(ValueError, match="no causal point"):
+        curve.same_steps_table([dict(r, head="bidirectional") for r in rows], other)
