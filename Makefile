@@ -150,6 +150,17 @@ curve-point: $(STAMP)
 	OMP_NUM_THREADS=2 $(PY) -m jetflow curve --parts $(K) --heads $(HEAD) --keep --out data/results/cpu-tau-curve
 	$(PY) -m jetflow report --write
 
+# The same steps as the k = 4 point (8,025) spent on all the data once: the causal head at k = 8 for one pass
+# (8,015 steps), the taps and the run as in curve-point (~1 hour of training with two threads).
+.PHONY: curve-one-pass
+curve-one-pass: $(STAMP)
+	$(PY) -m jetflow unpack --packed data/regen/smollm2-135m-bfloat16-all-256 --out $(REGEN_ALL)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow taps --data $(REGEN_ALL) --share & a=$$!; \
+	OMP_NUM_THREADS=1 $(PY) -m jetflow taps --data $(REGEN_ALL) --share & b=$$!; \
+	wait $$a && wait $$b
+	OMP_NUM_THREADS=2 $(PY) -m jetflow curve --parts 8 --heads causal --passes 1 --out data/results/cpu-curve-one-pass
+	$(PY) -m jetflow report --write
+
 # Beyond the paper (issues 19 and 20): the path correction beside the largest replayed curve point's causal head
 # (results.CURVE_K), on the first 1,582 answers of the full pool (the shipped correction's recipe), its features read
 # from the curve's taps cache (no target forward; ~35 minutes on a shared core), then the replay against that point's

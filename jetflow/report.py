@@ -336,6 +336,12 @@ def tau_curve(results: Path, name: str = "cpu-tau-curve") -> str:
     return table(load(results, name))
 
 
+def same_steps(results: Path) -> str:
+    """The curve's k = 4 points beside the causal head trained for the same steps on all the data once (docs/scale.md)."""
+    from .curve import same_steps_table
+    return same_steps_table(load(results, "cpu-tau-curve"), load(results, "cpu-curve-one-pass"))
+
+
 GRID = tuple(f"cpu-table-bf16-{ds}" for ds in ("gsm8k", "math500", "humaneval", "mt_bench"))
 TABLES: dict[str, Callable[[Path], str]] = {
     "replay-tau": replay_tau,
@@ -360,13 +366,14 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "pc-fp32": lambda res: grid(res, ["cpu-pc-fp32-gsm8k", "cpu-pc-fp32-math500"]),
     "tau-curve": tau_curve,
     "curve-correction": lambda res: correction_gain(res, "cpu-curve-correction"),
+    "curve-one-pass": lambda res: same_steps(res),
 }
 
 
 DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout) -> its tables
     "README.md": ("headline",),
     "docs/cli.md": ("cli-help",),
-    "docs/scale.md": ("train-throughput", "tau-curve", "curve-correction"),
+    "docs/scale.md": ("train-throughput", "tau-curve", "curve-one-pass", "curve-correction"),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
                         "replay-stop", "replay-correction", "sampling", "pc-bf16", "pc-fp32"),

@@ -115,6 +115,8 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # tau against training data (docs/scale.md, issue 20): both heads from scratch on the first k of the 8 parts of the
     # full-pool regeneration, replayed; resumable, and rerun as parts arrive (one point's heads ~8 min per part-pass)
     Entry("cpu-tau-curve", ("curve",), "curve", 1),
+    # the same steps as the k = 4 point spent on all the data once (docs/scale.md): the causal head at k = 8 for one pass
+    Entry("cpu-curve-one-pass", ("curve", "--parts", "8", "--heads", "causal", "--passes", "1"), "curve-one-pass", 1),
     # the path correction trained beside the largest replayed curve point's causal head (`make curve-correction`
     # trains it first, from the cached taps), replayed against the same point's bidirectional head under DDTree
     Entry("cpu-curve-correction", ("replay", "--methods", CORRECTION_METHODS, *COMMON, "--datasets",
