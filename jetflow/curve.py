@@ -117,6 +117,12 @@ def point_dir(cfg: CurveConfig, k: int, head: str) -> Path:
     return cfg.work_dir / (f"{head}-k{k}" + ("" if cfg.passes == DEFAULT_PASSES else f"-p{cfg.passes:g}"))
 
 
+def point_config(cfg: CurveConfig, k: int, head: str, target):
+    """``train_config`` with the default taps folder of ``target`` (where ``train_point`` caches them)."""
+    from .taps import default_dir
+    return train_config(cfg, k, head, default_dir(cfg.data, target.name, _layers(target)))
+
+
 def train_point(cfg: CurveConfig, k: int, head: str, target, *, progress: bool = True):
     """Cache the taps of the point's parts, then train (or resume) its head, unless its replay rows are saved
     already. Every process of an ``accelerate launch`` calls this for the same points, in the same order, so
@@ -138,8 +144,7 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
     """One point's replay rows: the saved ones (``replay.json``), or its trained head (``train_point``) replayed
     once and saved. -> its rows."""
     from .replay import replay
-    from .taps import default_dir
-    tcfg = train_config(cfg, k, head, default_dir(cfg.data, target.name, _layers(target)))
+    tcfg = point_config(cfg, k, head, target)
     out = Path(tcfg.out)
     rows = saved_rows(cfg, tcfg)
     if rows is not None:
@@ -210,9 +215,7 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
     checks.writable_dir(cfg.out, "--out")
     target = target or load_target(None, dtype="bfloat16")   # the cached taps' dtype
     if cfg.done_only:
-        from .taps import default_dir
-        root = default_dir(cfg.data, target.name, _layers(target))
-        done = [k for k in todo if all(saved_rows(cfg, train_config(cfg, k, h, root)) is not None for h in cfg.heads)]
+        done = [k for k in todo if all(saved_rows(cfg, point_config(cfg, k, h, target)) is not None for h in cfg.heads)]
         skipped, todo = sorted(set(skipped) | set(todo) - set(done)), done
         if not todo:
             raise ValueError("--done-only: no point has all its heads trained and replayed yet")
