@@ -118,15 +118,49 @@ class Target:
     def sequence_taps(self, ids: torch.Tensor, taps: tuple[int, ...], logits: bool = True
                       ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One teacher-forced pass over a whole sequence (S,) (training and replay): logits (S, V) fp32
-        (None when ``logits`` is False: the decoder alone runs, skipping the lm_head) and taps (S, L, H),
+        (None when ``logits`` is False: the decoder alone runs, up to the deepest tap, skipping the lm_head) and taps (S, L, H),
         on ids' device."""
         if logits:
             step = self.forward(ids, self.new_cache(), taps=taps)
             return step.logits.to(ids.device), step.taps.to(ids.device)
-        with torch.no_grad():
-            out = self.model.get_decoder()(input_ids=ids[None].to(self.device), use_cache=False,
-                                           output_hidden_states=True)
-        return None, torch.stack([out.hidden_states[l + 1][0] for l in taps], dim=1).to(ids.device)
+        return None, decoder_taps(self.model.get_decoder(), ids[None].to(self.device), taps)[0].to(ids.device)
+
+
+class _Tapped(Exception):
+    """Raised by the hook on the deepest tapped layer: the layers above it are not run."""
+
+
+@torch.no_grad()
+def decoder_taps(decoder: torch.nn.Module, ids: torch.Tensor, taps: tuple[int, ...]) -> torch.Tensor:
+    """(B, S, L, H) outputs of the decoder layers ``taps`` for ``ids`` (B, S), without a cache, running no
+    layer above the deepest tap (the head's taps stop below the top layers: 28 of SmolLM2's 30 layers run).
+
+    Forward hooks read the layer outputs, the values ``output_hidden_states`` gives as ``hidden_states[l + 1]``;
+    a decoder without a ``layers`` list, or a tap on its last layer (whose ``hidden_states`` entry some models
+    return after the final norm), runs whole through ``output_hidden_states``."""
+    layers = getattr(decoder, "layers", None)
+    if not taps or not isinstance(layers, torch.nn.ModuleList) or max(taps) >= len(layers) - 1:
+        out = decoder(input_ids=ids, use_cache=False, output_hidden_states=True)
+        return torch.stack([out.hidden_states[l + 1] for l in taps], dim=2)
+    got: dict[int, torch.Tensor] = {}
+    last = max(taps)
+
+    def hook(index: int):
+        def keep(module, args, output):
+            got[index] = output[0] if isinstance(output, tuple) else output
+            if index == last:
+                raise _Tapped
+        return keep
+
+    handles = [layers[i].register_forward_hook(hook(i)) for i in set(taps)]
+    try:
+        decoder(input_ids=ids, use_cache=False)
+    except _Tapped:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack([got[l] for l in taps], dim=2)
 
 
 @functools.lru_cache(maxsize=None)
