@@ -172,6 +172,24 @@ curve-correction: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-curve-correction
 	$(PY) -m jetflow report --write
 
+# Beyond the paper (issue 19): a path correction for the one-pass head (data/heads/smollm2-135m-jetflow-pool1): 2,000
+# answers spread through the whole pool x 38 anchors (the anchors of the 1,582 x 48 and 3,164 x 24 recipes of
+# docs/field-notes.md), features from an online fp32 target forward (~65 minutes on one core; no taps cache needed),
+# 3 epochs, written into the head folder; then the replay on four benchmarks (~15 minutes).
+.PHONY: pool1-correction
+pool1-correction: $(STAMP)
+	$(PY) -m jetflow unpack --packed data/regen/smollm2-135m-bfloat16-all-256 --out $(REGEN_ALL)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow train-correction --data $(REGEN_ALL) --spread --max-seqs 2000 --anchors 38 \
+	    --epochs 3 --dtype float32 --out data/heads/smollm2-135m-jetflow-pool1
+	OMP_NUM_THREADS=2 $(PY) -m jetflow results cpu-pool1-correction
+	$(PY) -m jetflow report --write
+
+# ... and that head decoded against AR in fp32 on GSM8K (timed: run it with the machine to itself; ~17 minutes).
+.PHONY: pool1-speed
+pool1-speed: $(STAMP)
+	OMP_NUM_THREADS=2 $(PY) -m jetflow results cpu-pool1-fp32-gsm8k
+	$(PY) -m jetflow report --write
+
 .PHONY: heads
 heads: $(STAMP)
 	mkdir -p $(HEADS_WORK)

@@ -271,11 +271,21 @@ def diagnosis_markdown(rows: Sequence[dict]) -> str:
                                "(jetflow.correction), ranks among its C candidates\n")
 
 
+def profile_command(cfg: "ProfileConfig") -> str:
+    """The ``python -m jetflow profile`` line of ``cfg`` as any machine reads it: its local folders (--data,
+    --out, --head) relative to the repository or the cache folder (``portable_path``); a hub id stays."""
+    from .data import portable_path
+    from .flags import command_line
+    shown = replace(cfg, **{k: portable_path(v) for k in ("data", "out", "head")
+                            if (v := getattr(cfg, k)) and Path(v).expanduser().exists()})
+    return command_line(shown, ProfileConfig(), ["python", "-m", "jetflow", "profile"], skip=("data_dir",),
+                        always=("n", "max_new_tokens", "ranks"))
+
+
 def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     """Answer ``cfg.n`` held-out training prompts greedily (batched, fp32, resumable in the jetflow
     cache), count the causal head's acceptance on them, save the profile beside the head."""
-    from .data import cache_dir, load_regenerated, portable_path, regenerate
-    from .flags import command_line
+    from .data import cache_dir, load_regenerated, regenerate
     from .proposers import make_proposer, shipped_head_dir
     from .provenance import environment
     from .replay import Trace
@@ -295,9 +305,7 @@ def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
               for r in load_regenerated(answers) if len(r["response_ids"]) > 1]
     proposer = make_proposer("jetflow", target, head=cfg.head or str(out), draft_dtype=torch.float32)
     counts = counts_of(proposer, traces, cfg.ranks, progress)
-    shown = replace(cfg, data=portable_path(cfg.data)) if cfg.data else cfg
-    command = command_line(shown, ProfileConfig(), ["python", "-m", "jetflow", "profile"], skip=("data_dir",),
-                           always=("n", "max_new_tokens", "ranks"))
+    command = profile_command(cfg)
     provenance = {"command": command, "prompts": [t.id for t in traces], "anchors": sum(len(t.tokens) - 1 for t in traces),
                   "answers": "greedy, batched (left-padded), fp32 target; drafts fp32", **environment(target)}
     return save_profile(counts.profile(), counts, out, provenance)

@@ -165,11 +165,15 @@ def sampling(results: Path, runs: Sequence[tuple[str, str]] = SAMPLING) -> str:
 
 
 def correction_gain(results: Path, name: str = "cpu-replay-correction",
-                    corrected: Sequence[str] = ("jetflow-pc", "jetflow-pcx")) -> str:
+                    corrected: Sequence[str] = ("jetflow-pc", "jetflow-pcx"), ddtree_from: str | None = None) -> str:
     """Replayed tau of the path-corrected builders (jetflow-pc, jetflow-pcx) beside the same best-prefix
     builder without the correction (jetflow-bp) and DDTree, per dataset and budget, with each one's ratio
-    to both (a builder missing from the rows is left out)."""
+    to both (a builder missing from the rows is left out). ``ddtree_from``: the DDTree rows come from that
+    result instead (a head of the same training steps replayed there)."""
     rows = load(results, name)
+    if ddtree_from is not None:
+        rows = [r for r in rows if r["method"] != "ddtree"] + [r for r in load(results, ddtree_from)
+                                                              if r["method"] == "ddtree"]
     mine = [m for m in corrected if any(r["method"] == m for r in rows)]
     body = []
     for ds in dict.fromkeys(r["dataset"] for r in rows):
@@ -367,6 +371,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "tau-curve": tau_curve,
     "curve-correction": lambda res: correction_gain(res, "cpu-curve-correction"),
     "curve-one-pass": lambda res: same_steps(res),
+    "pool1-correction": lambda res: correction_gain(res, "cpu-pool1-correction", ddtree_from="cpu-curve-correction"),
+    "pool1-fp32": lambda res: grid(res, ["cpu-pool1-fp32-gsm8k"]),
 }
 
 
@@ -376,7 +382,8 @@ DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout)
     "docs/scale.md": ("train-throughput", "tau-curve", "curve-one-pass", "curve-correction"),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
-                        "replay-stop", "replay-correction", "sampling", "pc-bf16", "pc-fp32"),
+                        "replay-stop", "replay-correction", "sampling", "pc-bf16", "pc-fp32", "pool1-correction",
+                        "pool1-fp32"),
 }
 
 

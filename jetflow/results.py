@@ -26,6 +26,7 @@ TREE_METHODS = ("jetflow,jetflow-bp,jetflow-cal,jetflow-t2g,jetflow-profile,jetf
 CORRECTION_METHODS = "jetflow-pc,jetflow-pcx,jetflow-bp,ddtree"
 TREES_LIMIT = 8  # prompts per dataset of the diagnoses: the AR decodes that fitted one session on the shared 2-core CPU
 REPLAY_DATASETS = ("--datasets", "gsm8k,math500,humaneval,mt_bench", "--budgets", "8,16,32,64,128,255")
+POOL1_HEAD = "data/heads/smollm2-135m-jetflow-pool1"  # the causal head of cpu-curve-one-pass (repository-relative)
 CURVE_K = 4  # the curve point whose heads `make curve-correction` corrects and replays (the largest one replayed)
 
 
@@ -123,6 +124,15 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                                    "gsm8k,math500,humaneval,mt_bench", "--budgets", "16,64,255",
                                    "--jetflow-head", curve_head("causal"), "--dflash-head", curve_head("bidirectional")),
           "curve-correction", 1),
+    # the one-pass head (data/heads/smollm2-135m-jetflow-pool1) with its own path correction (`make pool1-correction`
+    # trains it first), replayed as cpu-curve-correction (its DDTree: that table's, the k = 4 bidirectional head of
+    # the same steps), then decoded against AR in fp32, the fast dtype of a CPU without AVX-512 BF16 or AMX
+    Entry("cpu-pool1-correction", ("replay", "--methods", "jetflow-pc,jetflow-bp", *COMMON, "--datasets",
+                                   "gsm8k,math500,humaneval,mt_bench", "--budgets", "16,64,255",
+                                   "--jetflow-head", POOL1_HEAD), "pool1-correction", 1),
+    # timed: run it alone (GSM8K only: MATH-500 did not fit the session that ran it)
+    _bench("cpu-pool1-fp32-gsm8k", "pool1-speed", 1, "ar,jetflow-pc,jetflow-pc+lookup", "gsm8k", "8", "float32",
+           "--jetflow-head", POOL1_HEAD),
 )}
 GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
 

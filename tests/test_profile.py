@@ -192,3 +192,15 @@ def test_holdout_prompts_need_the_last_part(tmp_path):
     (folder / "part-00-of-02.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [{"settings": {}}] + rows))
     with pytest.raises(ValueError, match="not the last part"):
         pf.holdout_prompts(folder, 2, data_dir="fixtures")
+
+
+def test_profile_command_records_folders_as_any_machine_reads_them(tmp_path, monkeypatch):
+    """--out / --head / --data of the recorded command: repository-relative or under the cache folder, never
+    this machine's absolute path; a hub id (no such folder) is kept as given."""
+    from jetflow.data import REPO_ROOT
+    monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "work" / "head").mkdir(parents=True)
+    line = pf.profile_command(pf.ProfileConfig(out=str(tmp_path / "cache" / "work" / "head"), head="org/hub-head",
+                                               data=str(REPO_ROOT / "data" / "heads")))
+    assert "--out '$JETFLOW_CACHE/work/head'" in line and "--head org/hub-head" in line
+    assert "--data data/heads" in line and str(tmp_path) not in line
