@@ -118,8 +118,8 @@ class Target:
     def sequence_taps(self, ids: torch.Tensor, taps: tuple[int, ...], logits: bool = True
                       ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One teacher-forced pass over a whole sequence (S,) (training and replay): logits (S, V) fp32
-        (None when ``logits`` is False: the decoder alone runs, up to the deepest tap, skipping the lm_head) and taps (S, L, H),
-        on ids' device."""
+        (None when ``logits`` is False: the decoder alone runs, up to the deepest tap, skipping the lm_head)
+        and taps (S, L, H), on ids' device."""
         if logits:
             step = self.forward(ids, self.new_cache(), taps=taps)
             return step.logits.to(ids.device), step.taps.to(ids.device)
