@@ -184,10 +184,12 @@ pool1-correction: $(STAMP)
 	OMP_NUM_THREADS=2 $(PY) -m jetflow results cpu-pool1-correction
 	$(PY) -m jetflow report --write
 
-# ... and that head decoded against AR in fp32 on GSM8K (timed: run it with the machine to itself; ~17 minutes).
+# ... and that head decoded against AR in fp32 on GSM8K and MATH-500 (timed: run it with the machine to itself;
+# ~17 minutes a dataset).
 .PHONY: pool1-speed
 pool1-speed: $(STAMP)
 	OMP_NUM_THREADS=2 $(PY) -m jetflow results cpu-pool1-fp32-gsm8k
+	OMP_NUM_THREADS=2 $(PY) -m jetflow results cpu-pool1-fp32-math500
 	$(PY) -m jetflow report --write
 
 .PHONY: heads

@@ -37,6 +37,9 @@ class CorrectionTrainConfig:
     spread: bool = option(False, "take the --max-seqs rows evenly spaced through the whole data instead of the first "
                           "N (regenerate writes each part longest prompt first, so the first rows lean to long "
                           "code prompts)", negate=("--first-rows", "take the first --max-seqs rows (the default)"))
+    spread_from: int = option(0, "with --spread: list the rows of a --max-seqs N --spread run first, in its order, "
+                              "then the other rows of this spread (a run on twice the rows reuses all the features of "
+                              "the run on half; 0: the spread in pool order)")
     anchors: int = option(48, "random anchors per sequence")
     max_response: int = option(240, "anchors come from the first N response tokens (shorter target forwards)")
     dtype: str = option("bfloat16", "the target's dtype for the taps (the regenerated answers are bf16's)")
@@ -83,8 +86,21 @@ def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int
     if not cfg.max_seqs or cfg.max_seqs >= len(rows):
         return files, rows
     if cfg.spread:
-        return files, [rows[i * len(rows) // cfg.max_seqs] for i in range(cfg.max_seqs)]
+        return files, [rows[i] for i in spread_order(len(rows), cfg.max_seqs, cfg.spread_from)]
     return files, rows[:cfg.max_seqs]
+
+
+def spread_order(n: int, k: int, first: int = 0) -> list[int]:
+    """Indices of ``k`` of ``n`` rows evenly spaced through them; with ``first`` (0 < first < k), the ``first``-row
+    spread leads, in its own order, and the rest of the ``k``-row spread follows (a row of the smaller spread
+    that the larger one lacks stays in: with k = 2 x first the two agree and nothing is added). Features are
+    cached by position, so the leading rows reuse a smaller run's features."""
+    picked = [i * n // k for i in range(k)]
+    if not 0 < first < k:
+        return picked
+    lead = [i * n // first for i in range(first)]
+    seen = set(lead)
+    return lead + [i for i in picked if i not in seen]
 
 
 def cached_source(cfg: CorrectionTrainConfig, target, files: list[Path], layers: tuple[int, ...]):

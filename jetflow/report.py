@@ -372,7 +372,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "curve-correction": lambda res: correction_gain(res, "cpu-curve-correction"),
     "curve-one-pass": lambda res: same_steps(res),
     "pool1-correction": lambda res: correction_gain(res, "cpu-pool1-correction", ddtree_from="cpu-curve-correction"),
-    "pool1-fp32": lambda res: grid(res, ["cpu-pool1-fp32-gsm8k"]),
+    "pool1-fp32": lambda res: grid(res, ["cpu-pool1-fp32-gsm8k", "cpu-pool1-fp32-math500"]),
 }
 
 

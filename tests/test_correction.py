@@ -318,6 +318,19 @@ def test_correction_training_leaves_out_the_profile_prompts_and_the_heads_holdou
     assert [r["id"] for r in training_rows(cfg)] == [f"gsm8k-train:{i}" for i in (0, 2, 3)]
 
 
+def test_spread_from_leads_with_the_smaller_spread():
+    from jetflow.correction_train import spread_order
+    assert spread_order(10, 4) == [0, 2, 5, 7]
+    assert spread_order(10, 4, first=2) == [0, 5, 2, 7]              # the 2-row spread, then the rest of the 4-row one
+    for n, k in ((16_094, 4000), (7, 6), (1000, 998)):
+        assert spread_order(n, k, k // 2)[:k // 2] == spread_order(n, k // 2)
+        assert sorted(spread_order(n, 2 * (k // 2), k // 2)) == spread_order(n, 2 * (k // 2))  # doubling adds nothing
+    nested = spread_order(100, 7, first=3)                              # 3 does not divide 7: the lead still leads
+    assert nested[:3] == spread_order(100, 3) and len(set(nested)) == len(nested)
+    assert set(spread_order(100, 7)) <= set(nested)
+    assert spread_order(10, 4, first=4) == spread_order(10, 4, first=9) == spread_order(10, 4)  # no smaller run
+
+
 def test_train_correction_flags_spread_and_its_command_line():
     from jetflow.cli import build_parser
     from jetflow.correction_train import CorrectionTrainConfig
