@@ -40,6 +40,10 @@ class CorrectionTrainConfig:
     spread_from: int = option(0, "with --spread: list the rows of a --max-seqs N --spread run first, in its order, "
                               "then the other rows of this spread (a run on twice the rows reuses all the features of "
                               "the run on half; 0: the spread in pool order)")
+    add_sources: tuple[str, ...] = option((), "after the --max-seqs rows, every other row whose id starts with one of "
+                                          "these sources (comma list, the id before its ':', e.g. "
+                                          "hh-rlhf-helpful-base-test), in pool order: more answers of one kind, "
+                                          "the features of the run without it reused")
     anchors: int = option(48, "random anchors per sequence")
     max_response: int = option(240, "anchors come from the first N response tokens (shorter target forwards)")
     dtype: str = option("bfloat16", "the target's dtype for the taps (the regenerated answers are bf16's)")
@@ -85,9 +89,20 @@ def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int
     rows = [(i, r) for i, r in enumerate(rows) if r["id"] not in unseen and len(r["response_ids"]) > 2]
     if not cfg.max_seqs or cfg.max_seqs >= len(rows):
         return files, rows
-    if cfg.spread:
-        return files, [rows[i] for i in spread_order(len(rows), cfg.max_seqs, cfg.spread_from)]
-    return files, rows[:cfg.max_seqs]
+    order = spread_order(len(rows), cfg.max_seqs, cfg.spread_from) if cfg.spread else list(range(cfg.max_seqs))
+    return files, [rows[i] for i in order + added_rows([r["id"] for _, r in rows], order, cfg.add_sources)]
+
+
+def added_rows(ids: list[str], picked: list[int], sources: tuple[str, ...]) -> list[int]:
+    """Indices (pool order) of the rows not in ``picked`` whose id's source (the id before its first ':') is one
+    of ``sources``; a source that no row has is refused, so a typo does not silently add nothing."""
+    if not sources:
+        return []
+    have = {i.split(":", 1)[0] for i in ids}
+    if missing := [s for s in sources if s not in have]:
+        raise ValueError(f"--add-sources: no row comes from {', '.join(missing)} (the data has: {', '.join(sorted(have))})")
+    taken = set(picked)
+    return [i for i, rid in enumerate(ids) if i not in taken and rid.split(":", 1)[0] in sources]
 
 
 def spread_order(n: int, k: int, first: int = 0) -> list[int]:

@@ -331,6 +331,21 @@ def test_spread_from_leads_with_the_smaller_spread():
     assert spread_order(10, 4, first=4) == spread_order(10, 4, first=9) == spread_order(10, 4)  # no smaller run
 
 
+def test_add_sources_appends_the_other_rows_of_those_sources_in_pool_order():
+    from jetflow.cli import build_parser
+    from jetflow.correction_train import CorrectionTrainConfig, added_rows
+    from jetflow.flags import given
+    ids = ["gsm:1", "chat:a", "code:x", "chat:b", "gsm:2", "chat:c", "other:q"]
+    assert added_rows(ids, [0, 3], ("chat",)) == [1, 5]                 # chat:b already picked, not added twice
+    assert added_rows(ids, [0, 3], ("chat", "code")) == [1, 2, 5]
+    assert added_rows(ids, [0, 3], ()) == []
+    with pytest.raises(ValueError, match="no row comes from chta"):
+        added_rows(ids, [0], ("chta",))
+    cfg = CorrectionTrainConfig(**given(build_parser().parse_args(
+        ["train-correction", "--add-sources", "hh-rlhf-helpful-base-test,arena-hard-v2.0"]), CorrectionTrainConfig))
+    assert cfg.add_sources == ("hh-rlhf-helpful-base-test", "arena-hard-v2.0")
+
+
 def test_train_correction_flags_spread_and_its_command_line():
     from jetflow.cli import build_parser
     from jetflow.correction_train import CorrectionTrainConfig
