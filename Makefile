@@ -172,15 +172,18 @@ curve-correction: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-curve-correction
 	$(PY) -m jetflow report --write
 
-# Beyond the paper (issue 19): a path correction for the one-pass head (data/heads/smollm2-135m-jetflow-pool1): 2,000
-# answers spread through the whole pool x 38 anchors (the anchors of the 1,582 x 48 and 3,164 x 24 recipes of
-# docs/field-notes.md), features from an online fp32 target forward (~65 minutes on one core; no taps cache needed),
-# 3 epochs, written into the head folder; then the replay on four benchmarks (~15 minutes).
+# Beyond the paper (issue 19): a path correction for the one-pass head (data/heads/smollm2-135m-jetflow-pool1): 4,000
+# answers spread through the whole pool (the 2,000-answer spread listed first, --spread-from) and then every other
+# chat answer of the pool (--add-sources: 2,804 more), x 38 anchors (the anchors of the 1,582 x 48 and 3,164 x 24
+# recipes of docs/field-notes.md), features from an online fp32 target forward (~95 minutes with two threads; no
+# taps cache needed), 3 epochs (~15 minutes), written into the head folder; then the replay on four benchmarks
+# (~15 minutes).
+POOL1_CHAT = hh-rlhf-helpful-base-test,arena-hard-v2.0,arena-hard-v0.1,self-instruct-user-oriented,self-instruct-seed,vicuna-bench
 .PHONY: pool1-correction
 pool1-correction: $(STAMP)
 	$(PY) -m jetflow unpack --packed data/regen/smollm2-135m-bfloat16-all-256 --out $(REGEN_ALL)
-	OMP_NUM_THREADS=1 $(PY) -m jetflow train-correction --data $(REGEN_ALL) --spread --max-seqs 2000 --anchors 38 \
-	    --epochs 3 --dtype float32 --out data/heads/smollm2-135m-jetflow-pool1
+	OMP_NUM_THREADS=2 $(PY) -m jetflow train-correction --data $(REGEN_ALL) --spread --max-seqs 4000 --spread-from 2000 \
+	    --add-sources $(POOL1_CHAT) --anchors 38 --epochs 3 --dtype float32 --out data/heads/smollm2-135m-jetflow-pool1
 	OMP_NUM_THREADS=2 $(PY) -m jetflow results cpu-pool1-correction
 	$(PY) -m jetflow report --write
 

@@ -130,7 +130,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("cpu-pool1-correction", ("replay", "--methods", "jetflow-pc,jetflow-bp", *COMMON, "--datasets",
                                    "gsm8k,math500,humaneval,mt_bench", "--budgets", "16,64,255",
                                    "--jetflow-head", POOL1_HEAD), "pool1-correction", 1),
-    # timed: run each alone (GSM8K and MATH-500 ran in different sessions, on CPUs of the same kind)
+    # timed: run each alone (the committed rows: one after the other in one session, nothing else running)
     *(_bench(f"cpu-pool1-fp32-{ds}", "pool1-speed", 1, "ar,jetflow-pc,jetflow-pc+lookup", ds, "8", "float32",
              "--jetflow-head", POOL1_HEAD) for ds in ("gsm8k", "math500")),
 )}
