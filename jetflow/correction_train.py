@@ -96,13 +96,15 @@ def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int
 def added_rows(ids: list[str], picked: list[int], sources: tuple[str, ...]) -> list[int]:
     """Indices (pool order) of the rows not in ``picked`` whose id's source (the id before its first ':') is one
     of ``sources``; a source that no row has is refused, so a typo does not silently add nothing."""
+    from .packed import source_of
     if not sources:
         return []
-    have = {i.split(":", 1)[0] for i in ids}
+    kinds = [source_of(i) for i in ids]
+    have = set(kinds)
     if missing := [s for s in sources if s not in have]:
         raise ValueError(f"--add-sources: no row comes from {', '.join(missing)} (the data has: {', '.join(sorted(have))})")
     taken = set(picked)
-    return [i for i, rid in enumerate(ids) if i not in taken and rid.split(":", 1)[0] in sources]
+    return [i for i, kind in enumerate(kinds) if i not in taken and kind in sources]
 
 
 def spread_order(n: int, k: int, first: int = 0) -> list[int]:
