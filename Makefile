@@ -195,6 +195,14 @@ pool1-speed: $(STAMP)
 	OMP_NUM_THREADS=2 $(PY) -m jetflow results cpu-pool1-fp32-math500
 	$(PY) -m jetflow report --write
 
+# ... and at budgets 8, 16 and 24 in one run: on a CPU without AVX-512 (AVX2 only) a 17-token fp32 verify costs
+# about what a 9-token one does (`python -m jetflow cost --dtype float32`); timed, ~25 minutes a dataset.
+.PHONY: pool1-budget
+pool1-budget: $(STAMP)
+	OMP_NUM_THREADS=2 $(PY) -m jetflow results cpu-pool1-fp32-budget-gsm8k
+	OMP_NUM_THREADS=2 $(PY) -m jetflow results cpu-pool1-fp32-budget-math500
+	$(PY) -m jetflow report --write
+
 .PHONY: heads
 heads: $(STAMP)
 	mkdir -p $(HEADS_WORK)

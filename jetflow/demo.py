@@ -3,8 +3,9 @@
     rows = run(DemoConfig())                   # prints as it goes; one row per method, AR first
     rows = run(DemoConfig(max_new_tokens=8), target=load_target(None), say=lambda *a: None)
 
-The demo decodes a few prompts with plain autoregressive decoding (AR) and the kit's best methods at
-their best budget on a CPU (``jetflow+lookup``, ``jetflow`` and ``lookup`` at budget 16; see
+The demo decodes a few prompts with plain autoregressive decoding (AR), the paper's JetFlow
+(``jetflow``), prompt lookup alone (``lookup``) and the kit's best methods on a CPU, JetFlow with the path
+correction (``jetflow-pc``) and that with lookup merged in (``jetflow-pc+lookup``), all at budget 16 (see
 docs/results.md), in the fastest dtype of this machine (``hardware.fast_dtype``), methods interleaved
 prompt by prompt exactly as ``jetflow.bench`` does. Its prompts are the kind the kit is for: answers
 that reuse their prompt and themselves (a math word problem, a code edit). It then decodes a short
@@ -48,7 +49,7 @@ PROMPTS = (  # a math word problem in the benchmarks' format, a code edit, anoth
 
 @dataclass(frozen=True)
 class DemoConfig:
-    methods: tuple[str, ...] = ("lookup", "jetflow", "jetflow+lookup")  # the best at budget 16 on a CPU
+    methods: tuple[str, ...] = ("lookup", "jetflow", "jetflow-pc", "jetflow-pc+lookup")  # the paper's, and the best
     budget: int = 16             # draft nodes excluding the root; the best measured budget on a CPU
     max_new_tokens: int = 160    # per prompt and method
     prompts: int = len(PROMPTS)  # the first this many of PROMPTS

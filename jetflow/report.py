@@ -373,6 +373,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "curve-one-pass": lambda res: same_steps(res),
     "pool1-correction": lambda res: correction_gain(res, "cpu-pool1-correction", ddtree_from="cpu-curve-correction"),
     "pool1-fp32": lambda res: grid(res, ["cpu-pool1-fp32-gsm8k", "cpu-pool1-fp32-math500"]),
+    "pool1-fp32-budget": lambda res: grid(res, ["cpu-pool1-fp32-budget-gsm8k", "cpu-pool1-fp32-budget-math500"]),
 }
 
 
@@ -383,7 +384,7 @@ DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout)
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
                         "replay-stop", "replay-correction", "sampling", "pc-bf16", "pc-fp32", "pool1-correction",
-                        "pool1-fp32"),
+                        "pool1-fp32", "pool1-fp32-budget"),
 }
 
 

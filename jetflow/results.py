@@ -133,6 +133,11 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # timed: run each alone (the committed rows: one after the other in one session, nothing else running)
     *(_bench(f"cpu-pool1-fp32-{ds}", "pool1-speed", 1, "ar,jetflow-pc,jetflow-pc+lookup", ds, "8", "float32",
              "--jetflow-head", POOL1_HEAD) for ds in ("gsm8k", "math500")),
+    # the same head at budgets 8, 16 and 24 in one run, on a CPU without AVX-512 (AVX2 only), where a 17-token fp32
+    # verify was measured at about the cost of a 9-token one and a 25-token one not much more (`python -m jetflow cost --dtype float32`): timed,
+    # each alone (`make pool1-budget`)
+    *(_bench(f"cpu-pool1-fp32-budget-{ds}", "pool1-budget", 1, "ar,jetflow-pc,jetflow-pc+lookup", ds, "8,16,24",
+             "float32", "--jetflow-head", POOL1_HEAD) for ds in ("gsm8k", "math500")),
 )}
 GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
 
