@@ -61,9 +61,10 @@ def _bench(name, group, batch, methods, dataset, budgets, dtype, *extra) -> Entr
                         "--dtype", dtype, *extra), group, batch)
 
 
-def _pair(prefix, group, batch, methods, budgets, dtype) -> tuple[Entry, Entry]:
-    """One bench per dataset, GSM8K and MATH-500 side by side."""
-    return tuple(_bench(f"{prefix}-{ds}", group, batch, methods, ds, budgets, dtype) for ds in ("gsm8k", "math500"))
+def _pair(prefix, group, batch, methods, budgets, dtype, *extra) -> tuple[Entry, Entry]:
+    """One bench per dataset, GSM8K and MATH-500, in the same batch."""
+    return tuple(_bench(f"{prefix}-{ds}", group, batch, methods, ds, budgets, dtype, *extra)
+                 for ds in ("gsm8k", "math500"))
 
 
 ENTRIES: dict[str, Entry] = {e.name: e for e in (
@@ -131,13 +132,13 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                                    "gsm8k,math500,humaneval,mt_bench", "--budgets", "16,64,255",
                                    "--jetflow-head", POOL1_HEAD), "pool1-correction", 1),
     # timed: run each alone (the committed rows: one after the other in one session, nothing else running)
-    *(_bench(f"cpu-pool1-fp32-{ds}", "pool1-speed", 1, "ar,jetflow-pc,jetflow-pc+lookup", ds, "8", "float32",
-             "--jetflow-head", POOL1_HEAD) for ds in ("gsm8k", "math500")),
-    # the same head at budgets 8, 16 and 24 in one run, on a CPU without AVX-512 (AVX2 only), where a 17-token fp32
-    # verify was measured at about the cost of a 9-token one and a 25-token one not much more (`python -m jetflow cost --dtype float32`): timed,
-    # each alone (`make pool1-budget`)
-    *(_bench(f"cpu-pool1-fp32-budget-{ds}", "pool1-budget", 1, "ar,jetflow-pc,jetflow-pc+lookup", ds, "8,16,24",
-             "float32", "--jetflow-head", POOL1_HEAD) for ds in ("gsm8k", "math500")),
+    *_pair("cpu-pool1-fp32", "pool1-speed", 1, "ar,jetflow-pc,jetflow-pc+lookup", "8", "float32",
+           "--jetflow-head", POOL1_HEAD),
+    # the same head at budgets 8, 16 and 24 in one run, for a CPU without AVX-512 (AVX2 only), where a 17-token
+    # fp32 verify was measured at about the cost of a 9-token one (`python -m jetflow cost --dtype float32`);
+    # timed, each alone (`make pool1-budget`)
+    *_pair("cpu-pool1-fp32-budget", "pool1-budget", 1, "ar,jetflow-pc,jetflow-pc+lookup", "8,16,24", "float32",
+           "--jetflow-head", POOL1_HEAD),
 )}
 GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
 
