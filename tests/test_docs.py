@@ -41,7 +41,7 @@ def test_every_relative_link_and_anchor_exists(doc):
 
 
 def test_code_points_only_at_documents_in_the_repository():
-    for path in sorted((ROOT / "jetflow").glob("*.py")):
+    for path in sorted((ROOT / "jetflow").rglob("*.py")):
         text = path.read_text()
         assert not re.search(r"\b(METHOD|FIELD_NOTES|NOTEBOOKS)\.md", text), path.name
         for doc in re.findall(r"docs/[\w.-]+\.md", text):

@@ -29,3 +29,29 @@ def test_shipped_heads_are_found_in_a_checkout_and_by_environment(monkeypatch, t
     assert (proposers.shipped_head_dir("jetflow") / "config.json").is_file()
     monkeypatch.setenv("JETFLOW_HEADS_DIR", str(tmp_path))
     assert proposers.shipped_head_dir("dflash") == tmp_path / "smollm2-135m-dflash"
+
+
+def test_a_built_wheel_ships_every_folder_and_the_heads(tmp_path):
+    """A non-editable install sees only what the wheel holds: every jetflow/**/__init__.py and the heads."""
+    import sys
+    import zipfile
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    wheel = next(tmp_path.glob("jetflow-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    inits = {p.relative_to(ROOT).as_posix() for p in (ROOT / "jetflow").rglob("__init__.py")}
+    assert inits and inits <= names, f"missing from the wheel: {sorted(inits - names)}"
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "jetflow").rglob("*.py")}
+    assert modules <= names, f"missing from the wheel: {sorted(modules - names)}"
+    heads = subprocess.run(["git", "ls-files", "data/heads"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    shipped = {"jetflow/heads/" + Path(h).relative_to("data/heads").as_posix() for h in heads}
+    assert any(s.endswith("model.safetensors") for s in shipped)
+    assert shipped <= names, f"heads missing from the wheel: {sorted(shipped - names)[:5]}"
+
+
+def test_the_package_list_is_every_folder():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.relative_to(ROOT).parent.parts) for p in (ROOT / "jetflow").rglob("__init__.py")}
+    assert listed == folders | {"jetflow.heads"}, f"pyproject.toml packages: add {sorted(folders - listed)}, " \
+                                                  f"drop {sorted(listed - folders - {'jetflow.heads'})}"
