@@ -37,8 +37,8 @@ Entry points
   injection -> the target's frozen ``lm_head`` (optionally only its rows of a K-token draft
   vocabulary, ``head.vocab``); ``draft_logp(...) -> (D, V)``;
   ``save_pretrained`` / ``from_pretrained`` in the published JetSpec/DFlash layout.
-- ``notebook_setup() -> bool`` (smoke mode?): the first call of every notebook; ``jetflow.hardware``
-  (CPU model, native bf16, ``fast_dtype()``); ``jetflow.jsonl`` (resumable JSON-lines files: one
+- ``notebook_setup() -> bool`` (smoke mode?): the first call of every notebook; ``jetflow.util.hardware``
+  (CPU model, native bf16, ``fast_dtype()``); ``jetflow.util.jsonl`` (resumable JSON-lines files: one
   torn-last-line rule, one writer lock: the bench journal, replay's AR cache, regeneration output and
   training history all use it, and refuse to resume under settings that would mix data).
 - ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training; ``taps="online"|"cached"``),
@@ -60,12 +60,12 @@ Entry points
 Methods (``jetflow.methods``, in report order):
 {methods}
 """
-from .decode import Result, Round, generate
-from .methods import describe as _describe_methods
-from .notebook import notebook_setup
-from .proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
-from .target import Target, load_target
-from .tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
+from jetflow.decode import Result, Round, generate
+from jetflow.methods import describe as _describe_methods
+from jetflow.notebook import notebook_setup
+from jetflow.proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
+from jetflow.target import Target, load_target
+from jetflow.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
 
 __doc__ = __doc__.replace("{methods}", _describe_methods())
 

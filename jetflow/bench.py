@@ -39,19 +39,20 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import data, jsonl
+from jetflow.util import jsonl
+from . import data
 from . import methods as registry
-from .data import DATASETS
-from .decode import check_temperature, generate
-from .flags import comma_list, option
-from .metrics import RoundStat, predicted_speedups, summarize
-from .provenance import environment
-from .report import CHAIN_NOTE, HF_NOTE
-from .report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
-from .report import write_rows as write
-from .journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
-from .proposers import make_proposer
-from .target import DTYPES, Target
+from jetflow.data import DATASETS
+from jetflow.decode import check_temperature, generate
+from jetflow.util.flags import comma_list, option
+from jetflow.metrics import RoundStat, predicted_speedups, summarize
+from jetflow.provenance import environment
+from jetflow.report import CHAIN_NOTE, HF_NOTE
+from jetflow.report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
+from jetflow.report import write_rows as write
+from jetflow.journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
+from jetflow.proposers import make_proposer
+from jetflow.target import DTYPES, Target
 
 
 

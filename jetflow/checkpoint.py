@@ -34,8 +34,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .head import DecoderLayer, DraftHead, HeadConfig
-from .target import tap_layers
+from jetflow.head import DecoderLayer, DraftHead, HeadConfig
+from jetflow.target import tap_layers
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 WEIGHT_FILES = "model*.safetensors"  # model.safetensors or HF shards model-0000k-of-0000n; not side files

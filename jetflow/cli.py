@@ -1,7 +1,7 @@
 """Command line: ``python -m jetflow demo|generate|regenerate|pack|unpack|taps|train|bench|replay|profile|train-correction|correction-cost|diagnose|cost|speed|throughput|curve|report|results``.
 
 The flags of ``regenerate``, ``taps``, ``train``, ``bench`` and ``replay`` are generated from their config
-dataclasses' field metadata (``jetflow.flags``), as are the commands that reproduce a config; method
+dataclasses' field metadata (``jetflow.util.flags``), as are the commands that reproduce a config; method
 names and help come from the method registry. Bad input ends with one ``error: ...`` line on stderr
 and exit status 2, never a traceback.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import methods as registry
-from .flags import add_flags, command_line, given, option
+from jetflow.util.flags import add_flags, command_line, given, option
 
 EXIT_BAD_INPUT = 2
 
@@ -70,7 +70,7 @@ def _heads(args) -> dict[str, str]:
 
 def _check_io(args, cfg) -> None:
     """Output, prompt and head inputs of bench/replay, checked before any model loads."""
-    from . import checks
+    from jetflow.util import checks
     if args.out:
         checks.writable_dir(args.out, "--out")
     checks.prompts_file(cfg.prompts_file)
@@ -82,7 +82,7 @@ def _check_io(args, cfg) -> None:
 
 # ----------------------------------------------------------------------------- demo and generate
 def cmd_demo(args) -> int:
-    from .demo import DemoConfig, run
+    from jetflow.demo import DemoConfig, run
     cfg = DemoConfig(methods=tuple(m for m in args.methods.split(",") if m), budget=args.budget,
                      max_new_tokens=args.max_new_tokens, prompts=args.prompts, dtype=args.dtype)
     rows = run(cfg, say=(lambda *a: print(*a, file=sys.stderr)) if args.json else print)
@@ -92,7 +92,7 @@ def cmd_demo(args) -> int:
 
 
 def add_demo(sub) -> None:
-    from .demo import DemoConfig
+    from jetflow.demo import DemoConfig
     demo = DemoConfig()
     d = sub.add_parser("demo", help="AR vs the best methods on this CPU (~2 min)",
                        description="Decode the demo's prompts with AR and the kit's best CPU methods in this "
@@ -120,23 +120,23 @@ def _check_generate_args(args) -> None:
             raise ValueError(f"--budget must be >= 1, got {args.budget}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    from .decode import check_temperature
+    from jetflow.decode import check_temperature
     check_temperature(args.temperature, "--temperature")
 
 
 def cmd_generate(args) -> int:
-    from . import checks
+    from jetflow.util import checks
     registry.check([args.method], lambda m: m.decodes)
     _check_generate_args(args)
     checks.head_dir(args.head, "--head")
-    from .decode import generate
-    from .proposers import make_proposer
-    from .target import load_target
+    from jetflow.decode import generate
+    from jetflow.proposers import make_proposer
+    from jetflow.target import load_target
     target = load_target(args.model, dtype=args.dtype, compile=args.compile)
     proposer = make_proposer(args.method, target, head=args.head)
     budget, prediction = args.budget, None
     if budget == "auto":
-        from .budget import auto_budget
+        from jetflow.budget import auto_budget
         budget, prediction = auto_budget(target, args.method, args.prompt, head=args.head)
     res = generate(target, args.prompt, proposer, budget=int(budget), max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, seed=args.seed)
@@ -192,8 +192,8 @@ class RegenerateConfig:
 
 def default_regen_out(cfg: RegenerateConfig) -> Path:
     """The default output names the model, dtype and n: answers of another target never share a file."""
-    from .data import cache_dir
-    from .target import EMBEDDED
+    from jetflow.util.paths import cache_dir
+    from jetflow.target import EMBEDDED
     model = (cfg.model or EMBEDDED).rstrip("/").replace("/", "--")
     size = cfg.n or "all"
     if cfg.chunks > 1:
@@ -213,9 +213,9 @@ def regenerate_command(cfg: RegenerateConfig, out: Path) -> str:
 
 
 def cmd_regenerate(args) -> int:
-    from . import checks, jsonl
-    from .data import chunk, regenerate, training_pool, training_prompts
-    from .target import load_target
+    from jetflow.util import checks, jsonl
+    from jetflow.data import chunk, regenerate, training_pool, training_prompts
+    from jetflow.target import load_target
     cfg = RegenerateConfig(**given(args, RegenerateConfig))
     checks.positive(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
                     max_prompt_tokens=cfg.max_prompt_tokens, chunks=cfg.chunks)
@@ -279,11 +279,11 @@ class TapsConfig:
 
 
 def cmd_taps(args) -> int:
-    from . import checks
-    from .data import data_files
-    from .head import HeadConfig
-    from .target import load_target
-    from .taps import build_all, cache_for, default_dir
+    from jetflow.util import checks
+    from jetflow.data import data_files
+    from jetflow.head import HeadConfig
+    from jetflow.target import load_target
+    from jetflow.taps import build_all, cache_for, default_dir
     cfg = TapsConfig(**given(args, TapsConfig))
     checks.positive(num_layers=cfg.num_layers, shard_rows=cfg.shard_rows)
     if cfg.max_len < 3:
@@ -305,16 +305,16 @@ def add_taps(sub) -> None:
 
 
 def cmd_pack(args) -> int:
-    from . import checks
-    from .packed import pack
+    from jetflow.util import checks
+    from jetflow.packed import pack
     checks.writable_dir(args.out, "--out")
     print(pack(args.data, args.out, args.parts))
     return 0
 
 
 def cmd_unpack(args) -> int:
-    from . import checks
-    from .packed import unpack
+    from jetflow.util import checks
+    from jetflow.packed import unpack
     checks.writable_dir(args.out, "--out")
     for path in unpack(args.packed, args.out):
         print(path)
@@ -335,13 +335,13 @@ def add_pack(sub) -> None:
 
 def train_config(args):
     """TrainConfig from parsed ``train`` arguments: the preset, then ``--set``, then the named flags."""
-    from .train import TrainConfig
+    from jetflow.train import TrainConfig
     return replace(TrainConfig.from_name(args.preset), **given(args, TrainConfig))
 
 
 def cmd_train(args) -> int:
-    from . import checks
-    from .train import train
+    from jetflow.util import checks
+    from jetflow.train import train
     checks.head_dir(args.init if args.init not in (None, "target", "random") else None, "--init")
     cfg = train_config(args)
     checks.writable_dir(cfg.out, "--out")
@@ -352,7 +352,7 @@ def cmd_train(args) -> int:
 
 
 def add_train(sub) -> None:
-    from .train import PRESETS, TrainConfig
+    from jetflow.train import PRESETS, TrainConfig
     t = sub.add_parser("train", help="train a draft head on regenerated data (resumable)")
     t.add_argument("--preset", default="cpu", help=" | ".join(PRESETS) + " (default: cpu)")
     add_flags(t, TrainConfig, set_flag=True)
@@ -361,8 +361,9 @@ def add_train(sub) -> None:
 
 # ----------------------------------------------------------------------------- measuring
 def cmd_bench(args) -> int:
-    from . import bench, checks
-    from .target import load_target
+    from jetflow.util import checks
+    from . import bench
+    from jetflow.target import load_target
     cfg = bench.BenchConfig.from_name(args.preset, **given(args, bench.BenchConfig), heads=_heads(args))
     _check_io(args, cfg)
     prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))
@@ -374,7 +375,7 @@ def cmd_bench(args) -> int:
 
 
 def add_bench(sub) -> None:
-    from .bench import PRESETS, BenchConfig
+    from jetflow.bench import PRESETS, BenchConfig
     b = sub.add_parser("bench", help="tau and speedup tables: methods x datasets x budgets")
     b.add_argument("--preset", default="cpu", help=" or ".join(PRESETS) + " (default: cpu, the embedded target)")
     add_flags(b, BenchConfig)
@@ -385,10 +386,11 @@ def add_bench(sub) -> None:
 
 
 def cmd_replay(args) -> int:
-    from . import checks, replay
-    from .bench import prompt_sets
-    from .data import cache_dir
-    from .target import load_target
+    from jetflow.util import checks
+    from . import replay
+    from jetflow.bench import prompt_sets
+    from jetflow.util.paths import cache_dir
+    from jetflow.target import load_target
     cfg = replay.ReplayConfig(**given(args, replay.ReplayConfig), heads=_heads(args))
     _check_io(args, cfg)
     cache = checks.writable_dir(Path(cfg.cache) if cfg.cache else cache_dir() / "replay", "--cache")
@@ -403,7 +405,7 @@ def cmd_replay(args) -> int:
 
 
 def add_replay(sub) -> None:
-    from .replay import ReplayConfig
+    from jetflow.replay import ReplayConfig
     r = sub.add_parser("replay", help="exact greedy tau of every tree from one AR decode")
     add_flags(r, ReplayConfig)
     _add_heads(r)
@@ -412,13 +414,13 @@ def add_replay(sub) -> None:
 
 
 def cmd_profile(args) -> int:
-    from .profile import ProfileConfig, profile_for_head
+    from jetflow.profile import ProfileConfig, profile_for_head
     print(profile_for_head(ProfileConfig(**given(args, ProfileConfig)), progress=not args.quiet))
     return 0
 
 
 def add_profile(sub) -> None:
-    from .profile import ProfileConfig
+    from jetflow.profile import ProfileConfig
     p = sub.add_parser("profile", help="the head's acceptance profile from training prompts")
     add_flags(p, ProfileConfig)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -426,13 +428,13 @@ def add_profile(sub) -> None:
 
 
 def cmd_train_correction(args) -> int:
-    from .correction_train import CorrectionTrainConfig, train_correction
+    from jetflow.correction_train import CorrectionTrainConfig, train_correction
     print(train_correction(CorrectionTrainConfig(**given(args, CorrectionTrainConfig)), progress=not args.quiet))
     return 0
 
 
 def add_train_correction(sub) -> None:
-    from .correction_train import CorrectionTrainConfig
+    from jetflow.correction_train import CorrectionTrainConfig
     p = sub.add_parser("train-correction", help="train the path correction beside the causal head")
     add_flags(p, CorrectionTrainConfig)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -440,8 +442,8 @@ def add_train_correction(sub) -> None:
 
 
 def cmd_correction_cost(args) -> int:
-    from .correction_train import CostConfig, correction_cost, cost_markdown
-    from .report import write_rows
+    from jetflow.correction_train import CostConfig, correction_cost, cost_markdown
+    from jetflow.report import write_rows
     rows = correction_cost(CostConfig(**given(args, CostConfig)))
     if args.out:
         print(f"wrote {write_rows(rows, args.out, cost_markdown)}", file=sys.stderr)
@@ -450,7 +452,7 @@ def cmd_correction_cost(args) -> int:
 
 
 def add_correction_cost(sub) -> None:
-    from .correction_train import CostConfig
+    from jetflow.correction_train import CostConfig
     c = sub.add_parser("correction-cost", help="the path correction's cost per round")
     add_flags(c, CostConfig)
     _add_output(c)
@@ -459,7 +461,7 @@ def add_correction_cost(sub) -> None:
 
 def cmd_diagnose(args) -> int:
     from . import profile
-    from .report import write_rows
+    from jetflow.report import write_rows
     rows = profile.diagnose(profile.DiagnoseConfig(**given(args, profile.DiagnoseConfig)), progress=not args.json)
     if args.out:
         print(f"wrote {write_rows(rows, args.out, profile.diagnosis_markdown)}", file=sys.stderr)
@@ -468,7 +470,7 @@ def cmd_diagnose(args) -> int:
 
 
 def add_diagnose(sub) -> None:
-    from .profile import DiagnoseConfig
+    from jetflow.profile import DiagnoseConfig
     d = sub.add_parser("diagnose", help="acceptance on and off the argmax spine")
     add_flags(d, DiagnoseConfig)
     _add_output(d)
@@ -476,13 +478,13 @@ def add_diagnose(sub) -> None:
 
 
 def cmd_cost(args) -> int:
-    from .budget import CostConfig, measure_cost
+    from jetflow.budget import CostConfig, measure_cost
     print(f"wrote {measure_cost(CostConfig(**given(args, CostConfig)))}")
     return 0
 
 
 def add_cost(sub) -> None:
-    from .budget import CostConfig
+    from jetflow.budget import CostConfig
     c = sub.add_parser("cost", help="the round-cost curve in AR steps, beside a head")
     add_flags(c, CostConfig)
     c.set_defaults(func=cmd_cost)
@@ -543,8 +545,9 @@ def add_results(sub) -> None:
 
 
 def cmd_throughput(args) -> int:
-    from . import checks, throughput
-    from .report import write_rows
+    from jetflow.util import checks
+    from . import throughput
+    from jetflow.report import write_rows
     cfg = throughput.ThroughputConfig(**given(args, throughput.ThroughputConfig))
     checks.positive(prompts=cfg.prompts, steps=cfg.steps, rounds=cfg.rounds, seqs_per_step=cfg.seqs_per_step,
                     max_new_tokens=cfg.max_new_tokens, anchors=min(cfg.anchors, default=0))
@@ -557,14 +560,15 @@ def cmd_throughput(args) -> int:
 
 
 def add_throughput(sub) -> None:
-    from .throughput import ThroughputConfig
+    from jetflow.throughput import ThroughputConfig
     t = sub.add_parser("throughput", help="training slots/s: cached taps vs the online target")
     add_flags(t, ThroughputConfig)
     t.set_defaults(func=cmd_throughput)
 
 
 def cmd_curve(args) -> int:
-    from . import checks, curve
+    from jetflow.util import checks
+    from . import curve
     cfg = curve.CurveConfig(**given(args, curve.CurveConfig))
     checks.writable_dir(cfg.out, "--out")
     checks.data_source(cfg.data_dir)
@@ -575,14 +579,14 @@ def cmd_curve(args) -> int:
 
 
 def add_curve(sub) -> None:
-    from .curve import CurveConfig
+    from jetflow.curve import CurveConfig
     c = sub.add_parser("curve", help="replayed tau against training data (k parts)")
     add_flags(c, CurveConfig)
     c.set_defaults(func=cmd_curve)
 
 
 def add_gpu_check(sub) -> None:
-    from .gpu_check import add_gpu_check as add
+    from jetflow.gpu_check import add_gpu_check as add
     add(sub)
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .correction import CorrectionConfig, PathCorrection, candidates, corrected_logp
-from .flags import command_args, option
+from jetflow.correction import CorrectionConfig, PathCorrection, candidates, corrected_logp
+from jetflow.util.flags import command_args, option
 
 REGEN = "~/.cache/jetflow/regen-smollm2-135m-bfloat16-all-256"
 
@@ -76,9 +76,9 @@ def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int
     """(the data files, [(row number across the files in order, row)]): the regenerated rows used, minus the held-out training prompts of the acceptance profile
     (``profile.heldout_prompts``: the diagnosis reads them, so the correction never trains on them) and the
     rows the head's own training held out for its profile (``train --holdout``)."""
-    from .data import load_regenerated
-    from .profile import head_holdout_ids, heldout_prompts
-    from .proposers import shipped_head_dir
+    from jetflow.data import load_regenerated
+    from jetflow.profile import head_holdout_ids, heldout_prompts
+    from jetflow.util.paths import shipped_head_dir
     folder = Path(cfg.data).expanduser()
     files = sorted(folder.glob("part-*.jsonl")) if folder.is_dir() else [folder]
     if not files or not all(f.is_file() for f in files):
@@ -96,7 +96,7 @@ def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int
 def added_rows(ids: list[str], picked: list[int], sources: tuple[str, ...]) -> list[int]:
     """Indices (pool order) of the rows not in ``picked`` whose id's source (the id before its first ':') is one
     of ``sources``; a source that no row has is refused, so a typo does not silently add nothing."""
-    from .packed import source_of
+    from jetflow.packed import source_of
     if not sources:
         return []
     kinds = [source_of(i) for i in ids]
@@ -123,7 +123,7 @@ def spread_order(n: int, k: int, first: int = 0) -> list[int]:
 def cached_source(cfg: CorrectionTrainConfig, target, files: list[Path], layers: tuple[int, ...]):
     """The taps cache of ``cfg.data`` (``jetflow.taps.CachedTaps``), refused with one line when it is
     missing, incomplete or was built under other settings (target, dtype, layers, data bytes)."""
-    from .taps import CachedTaps, cache_for, default_dir
+    from jetflow.taps import CachedTaps, cache_for, default_dir
     root = Path(cfg.taps_dir).expanduser() if cfg.taps_dir else default_dir(Path(cfg.data).expanduser(), target.name, layers)
     chunked = Path(cfg.data).expanduser().is_dir()
     return CachedTaps.open(target, files, [cache_for(root, f, chunked) for f in files], layers=layers, max_len=3)
@@ -136,12 +136,12 @@ def sequence_features(proposer, row: dict, n_anchors: int, c: int, generator: to
     source of ``jetflow.taps``): hidden (A, D, H) bf16, cand_logp (A, D, C), cand_col (A, D, C) draft
     columns, truth (A, D) token ids (-1 past the end), truth_logp (A, D) the head's log-prob of the truth
     (-inf outside the draft vocabulary), truth_pos (A, D) its index among the candidates (-1: not one)."""
-    from .train import sample_anchors
+    from jetflow.train import sample_anchors
     head, target = proposer.head, proposer.target
     ids = torch.tensor(row["prompt_ids"] + row["response_ids"][:max_response + head.config.block_size])
     p, s, depths = len(row["prompt_ids"]), ids.numel(), head.config.block_size - 1
     anchors = sample_anchors(p, min(s - 1, p + max_response), n_anchors, generator)  # each has depths 1 and 2
-    from .taps import OnlineTaps
+    from jetflow.taps import OnlineTaps
     _, taps = (source or OnlineTaps(target, proposer.taps))(number, ids.to(target.device))
     hidden = head.sequence_blocks(taps.to(head.fc.weight.device), head.block_inputs(ids[anchors], proposer.embed),
                                   anchors).float().cpu()                                  # (A, D, H)
@@ -288,9 +288,10 @@ def fit(cfg: CorrectionTrainConfig, feats: dict, out: torch.Tensor, embed: torch
 def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     """Features (cached), epochs, then ``correction.safetensors`` + ``correction.json`` in the head folder
     with the command, the data, the held-out history and no machine-local path."""
-    from .data import cache_dir, portable_path, shell_join
-    from .proposers import make_proposer, shipped_head_dir
-    from .target import load_target
+    from jetflow.util.paths import cache_dir, portable_path, shell_join
+    from jetflow.proposers import make_proposer
+    from jetflow.util.paths import shipped_head_dir
+    from jetflow.target import load_target
     head_dir = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
     files, indexed = indexed_rows(cfg)
     rows = [r for _, r in indexed]
@@ -341,13 +342,13 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     pass of the ``path_prefix`` tree; the correction's cost is the table plus the builder's difference
     (``jetflow-pc``; ``_pcx``: ``jetflow-pcx``), also as a fraction of the verify pass. All timed in one
     process, interleaved."""
-    from .data import load_prompts
-    from .decode import verify_step
-    from .target import keep_path
-    from .proposers import make_proposer
-    from .provenance import environment
-    from .target import load_target
-    from .tree import best_prefix, path_prefix, path_tail_prefix
+    from jetflow.data import load_prompts
+    from jetflow.decode import verify_step
+    from jetflow.target import keep_path
+    from jetflow.proposers import make_proposer
+    from jetflow.provenance import environment
+    from jetflow.target import load_target
+    from jetflow.tree import best_prefix, path_prefix, path_tail_prefix
     target = load_target(None, dtype=cfg.dtype)
     proposer = make_proposer("jetflow-pc", target)
     if proposer.correction is None:

@@ -22,8 +22,9 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .data import cache_dir, data_files, load_regenerated, part_of, portable_path
-from .flags import comma_list, option
+from jetflow.data import data_files, load_regenerated, part_of
+from jetflow.util.paths import cache_dir, portable_path
+from jetflow.util.flags import comma_list, option
 
 HEADS = {  # head kind -> (TrainConfig fields, the replayed methods)
     "causal": ({"causal": True, "gamma": 4.0}, ("jetflow", "jetflow-bp")),
@@ -100,7 +101,7 @@ def ready(data: str | Path, k: int) -> bool:
 def train_config(cfg: CurveConfig, k: int, head: str, taps_dir: Path):
     """The point's TrainConfig: the one recipe, its data (the first k parts) and its step count; the point
     that reaches the last part holds ``cfg.holdout`` of its rows out (the other points never see that part)."""
-    from .train import TrainConfig, split_data
+    from jetflow.train import TrainConfig, split_data
     last = k >= part_of(data_files(cfg.data)[0])[1]  # k reaches part N-1 of N
     base = TrainConfig.from_name("cpu", data=cfg.data, parts=k, taps="cached", taps_dir=str(taps_dir), loss="ce",
                                  holdout=cfg.holdout if last else 0,
@@ -119,7 +120,7 @@ def point_dir(cfg: CurveConfig, k: int, head: str) -> Path:
 
 def point_config(cfg: CurveConfig, k: int, head: str, target):
     """``train_config`` with the default taps folder of ``target`` (where ``train_point`` caches them)."""
-    from .taps import default_dir
+    from jetflow.taps import default_dir
     return train_config(cfg, k, head, default_dir(cfg.data, target.name, _layers(target)))
 
 
@@ -127,8 +128,8 @@ def train_point(cfg: CurveConfig, k: int, head: str, target, *, progress: bool =
     """Cache the taps of the point's parts, then train (or resume) its head, unless its replay rows are saved
     already. Every process of an ``accelerate launch`` calls this for the same points, in the same order, so
     they train each head together (docs/distributed.md). -> the point's TrainConfig."""
-    from .taps import build_all, cache_for, default_dir
-    from .train import train
+    from jetflow.taps import build_all, cache_for, default_dir
+    from jetflow.train import train
     layers = _layers(target)
     root = default_dir(cfg.data, target.name, layers)
     tcfg = train_config(cfg, k, head, root)
@@ -143,7 +144,7 @@ def train_point(cfg: CurveConfig, k: int, head: str, target, *, progress: bool =
 def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, progress: bool = True) -> list[dict]:
     """One point's replay rows: the saved ones (``replay.json``), or its trained head (``train_point``) replayed
     once and saved. -> its rows."""
-    from .replay import replay
+    from jetflow.replay import replay
     tcfg = point_config(cfg, k, head, target)
     out = Path(tcfg.out)
     rows = saved_rows(cfg, tcfg)
@@ -169,7 +170,7 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
 def saved_rows(cfg: CurveConfig, tcfg) -> list[dict] | None:
     """The point's saved replay rows (``replay.json``) if they answer this config: the same training
     command and every asked (dataset, budget); else None (the point is still to train or to replay)."""
-    from .train import command_for
+    from jetflow.train import command_for
     saved = Path(tcfg.out) / "replay.json"
     if not saved.is_file():
         return None
@@ -190,22 +191,22 @@ def _same_settings(row: dict, cfg: CurveConfig, command: str) -> bool:
 
 def _is_main() -> bool:
     """Whether this process writes the rows: the only one, or the main one of an ``accelerate launch``."""
-    from .train import _is_main as main
+    from jetflow.train import _is_main as main
     return main()
 
 
 def _layers(target) -> tuple[int, ...]:
-    from .head import HeadConfig
+    from jetflow.head import HeadConfig
     return HeadConfig.for_target(target.config).target_layer_ids  # TrainConfig's 2 draft layers
 
 
 def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = True) -> list[dict]:
     """Every ready point (k ascending, each head), then rows.json, table.md and the plot in ``out``."""
-    from . import checks
-    from .bench import prompt_sets
-    from .replay import ar_traces, trace_cache
-    from .report import write_rows
-    from .target import load_target
+    from jetflow.util import checks
+    from jetflow.bench import prompt_sets
+    from jetflow.replay import ar_traces, trace_cache
+    from jetflow.report import write_rows
+    from jetflow.target import load_target
     todo = [k for k in sorted(set(cfg.parts)) if ready(cfg.data, k)]
     skipped = sorted(set(cfg.parts) - set(todo))
     if not todo:
@@ -381,6 +382,6 @@ def summary(rows: list[dict], budget: int) -> list[str]:
 def plot(rows: list[dict], budget: int | None = None):
     """Tau at ``budget`` (default: the middle one) against the response tokens seen (log x), one panel per
     dataset, one line per head method (``viz_train.data_curve``)."""
-    from .viz_train import data_curve
+    from jetflow.viz_train import data_curve
     budgets = sorted({r["budget"] for r in rows})
     return data_curve(rows, budget if budget is not None else budgets[len(budgets) // 2])

@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import jsonl
+from jetflow.util import jsonl
+from jetflow.util.paths import data_dir, source_name
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ LOCAL_FILES = {
     "chat": "chat_prompts/train.jsonl",
     "code": "code_prompts/train.jsonl",
 }
-FIXTURES = Path(__file__).resolve().parent / "fixtures"  # JETFLOW_DATA_DIR=fixtures
 GPTEACHER_CODEGEN = ("https://raw.githubusercontent.com/teknium1/GPTeacher/"
                      "481075123c29854bddb82655badeef6a438f2436/Codegen/codegen-instruct.json")
 # keyword arguments of datasets.load_dataset. chat and code are the largest parts of the offline folder's
@@ -78,62 +78,7 @@ HUB = {
     "mbpp_train": dict(path="google-research-datasets/mbpp", name="full", split="train"),
 }
 MAX_TRAINING_PROMPT_CHARS = 2000  # the offline folder's filter: longer prompts are dropped
-
-
-def data_dir(arg: str | os.PathLike | None = None) -> Path | None:
-    """The local data folder: ``arg``, else ``$JETFLOW_DATA_DIR``, else the fixtures in smoke mode,
-    else None (use the hub). The word ``fixtures`` names ``jetflow/fixtures``."""
-    root = arg if arg is not None else os.environ.get("JETFLOW_DATA_DIR") or None
-    if root is None:
-        return FIXTURES if os.environ.get("JETFLOW_SMOKE") == "1" else None
-    if str(root) == "fixtures":
-        return FIXTURES
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise FileNotFoundError(f"data directory {str(root)!r} does not exist")
-    return root
-
-
-def source_name(root: Path | None) -> str:
-    """What ``data_dir()``'s answer means for a row's provenance: "data_dir", "fixtures" or "hub"."""
-    if root is None:
-        return "hub"
-    return "fixtures" if root.resolve() == FIXTURES else "data_dir"
-
-
 _data_root = data_dir  # callable under another name where a `data_dir=` argument shadows it
-
-
-def cache_dir() -> Path:
-    """Where regenerated data goes by default: ``$JETFLOW_CACHE`` or ``~/.cache/jetflow``."""
-    return Path(os.environ.get("JETFLOW_CACHE") or "~/.cache/jetflow").expanduser()
-
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-UNQUOTED_PREFIXES = ("~/", "$JETFLOW_CACHE/")  # left for the shell to expand
-
-
-def portable_path(path: str | os.PathLike) -> str:
-    """``path`` as a provenance file records it, so that it means the same on every machine: relative
-    to the repository ("data/heads/x"), else to the cache folder ("~/.cache/jetflow/x", or
-    "$JETFLOW_CACHE/x" when that is set), else to the home folder ("~/x"); anywhere else absolute."""
-    p = Path(path).expanduser().resolve()
-    cache = "$JETFLOW_CACHE" if os.environ.get("JETFLOW_CACHE") else "~/.cache/jetflow"
-    for base, shown in ((REPO_ROOT, None), (cache_dir().resolve(), cache), (Path.home().resolve(), "~")):
-        if p.is_relative_to(base):
-            rel = p.relative_to(base).as_posix()
-            return rel if shown is None else f"{shown}/{rel}" if rel != "." else shown
-    return str(p)
-
-
-def shell_join(args: list[str]) -> str:
-    """``shlex.join``, except that a leading ``~/`` or ``$JETFLOW_CACHE/`` stays unquoted for the shell."""
-    import shlex
-    out = []
-    for arg in args:
-        prefix = next((x for x in UNQUOTED_PREFIXES if arg.startswith(x)), "")
-        out.append(prefix + shlex.quote(arg[len(prefix):]) if prefix and arg[len(prefix):] else shlex.quote(arg))
-    return " ".join(out)
 
 
 # ---------------------------------------------------------------- reading rows

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from . import bench, hardware
-from .data import math_prompt
-from .methods import names
-from .metrics import summarize
-from .provenance import environment
-from .target import DTYPES, Target, load_target
+from jetflow.util import hardware
+from . import bench
+from jetflow.data import math_prompt
+from jetflow.methods import names
+from jetflow.metrics import summarize
+from jetflow.provenance import environment
+from jetflow.target import DTYPES, Target, load_target
 
 PROMPTS = (  # a math word problem in the benchmarks' format, a code edit, another word problem
     math_prompt("Lena buys 3 notebooks at $4 each and 2 pens at $1.50 each. She pays with a $20 bill. "

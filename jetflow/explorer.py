@@ -19,8 +19,8 @@ import dataclasses
 import html
 
 from . import viz
-from .decode import generate
-from .walkthrough import node_info, round_logits
+from jetflow.decode import generate
+from jetflow.walkthrough import node_info, round_logits
 
 SIDES = ("left", "right")
 TRACES = ("edges", "accepted path", "rejected", "accepted", "mask row")  # the fixed traces of each side

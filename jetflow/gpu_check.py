@@ -28,18 +28,18 @@ from pathlib import Path
 import torch
 import transformers
 
-from .decode import generate
-from .hardware import describe
-from .head import DraftHead, HeadConfig
+from jetflow.decode import generate
+from jetflow.util.hardware import describe
+from jetflow.head import DraftHead, HeadConfig
 from . import methods as registry
-from .budget import CostCurve
-from .correction import random_correction
-from .profile import Counts
-from .proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
+from jetflow.budget import CostCurve
+from jetflow.correction import random_correction
+from jetflow.profile import Counts
+from jetflow.proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
                         RandomProposer, make_proposer)
-from .target import Target, keep_path, load_target
-from .tree import accum_logp
-from .verify import tree_attention_mask
+from jetflow.target import Target, keep_path, load_target
+from jetflow.tree import accum_logp
+from jetflow.verify import tree_attention_mask
 
 HEAD_METHODS = registry.names(lambda m: m.head is not None and not m.lookup_merged)  # the plain head methods
 NEUTRAL_PROFILE = Counts(15, 8).profile()  # no measurements: each log-prob bin reads as its own probability

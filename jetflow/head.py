@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .blockwise import BlockwiseMask, blockwise_attention, blockwise_mask
-from .target import tap_layers
+from jetflow.blockwise import BlockwiseMask, blockwise_attention, blockwise_mask
+from jetflow.target import tap_layers
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class HeadConfig:
 
         Default ``mask_token_id``: the largest id that is not EOS/BOS/PAD (normally ``vocab_size - 1``),
         chosen without a tokenizer; the head learns its embedding's meaning during training."""
-        from .checkpoint import read_rope_theta  # checkpoint.py imports this module
+        from jetflow.checkpoint import read_rope_theta  # checkpoint.py imports this module
         c = target_config
         heads = c.num_attention_heads
         if mask_token_id is None:
@@ -89,13 +89,13 @@ class HeadConfig:
 
     def to_hf_dict(self) -> dict:
         """The published checkpoint config (``jetflow.checkpoint.to_hf_dict``)."""
-        from .checkpoint import to_hf_dict
+        from jetflow.checkpoint import to_hf_dict
         return to_hf_dict(self)
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "HeadConfig":
         """Read a published config in any dialect (``jetflow.checkpoint.from_hf_dict``)."""
-        from .checkpoint import from_hf_dict
+        from jetflow.checkpoint import from_hf_dict
         return from_hf_dict(d)
 
 
@@ -310,13 +310,13 @@ class DraftHead(nn.Module):
 
     def save_pretrained(self, directory, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (published layout, ``jetflow.checkpoint.save``)."""
-        from .checkpoint import save
+        from jetflow.checkpoint import save
         return save(self, directory, dtype)
 
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str, dtype: torch.dtype = torch.float32) -> "DraftHead":
         """Load a local directory or hub id in any published dialect (``jetflow.checkpoint.load``)."""
-        from .checkpoint import load
+        from jetflow.checkpoint import load
         return load(path_or_hub_id, dtype)
 
 

@@ -1,5 +1,5 @@
 """The resume journal of a bench: every finished prompt's runs appended to a JSON-lines file
-(``jetflow.jsonl``), so that rerunning an interrupted bench decodes only what is missing.
+(``jetflow.util.jsonl``), so that rerunning an interrupted bench decodes only what is missing.
 
 ``PromptRun`` is what one prompt decoded by one variant leaves (tokens, decode tokens and seconds,
 prefill, ``RoundStat`` per round): small enough to journal, all ``metrics.summarize`` needs. The header
@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import transformers
 
-from . import jsonl
-from .metrics import RoundStat
-from .target import Target
+from jetflow.util import jsonl
+from jetflow.metrics import RoundStat
+from jetflow.target import Target
 
 
 @dataclass
@@ -139,7 +139,7 @@ def text_sha(text: str) -> str:
 def journal_settings(target: Target, max_new_tokens: int, temperature: float, prompts_by_dataset) -> dict:
     """A journal's header: what changes results (``RESUME_KEYS``: compared on resume), then a record of
     the prompt texts' hashes, versions, hardware and threads (kept, not compared)."""
-    from . import hardware as hw
+    from jetflow.util import hardware as hw
     return {"model": target.name, "dtype": str(target.dtype).removeprefix("torch."), "device": target.device.type,
             "max_new_tokens": max_new_tokens, "temperature": temperature, "chat_kwargs": dict(target.chat_kwargs),
             "prompt_sha": {ds: [text_sha(p["prompt"]) for p in ps] for ds, ps in prompts_by_dataset.items()},

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from .proposers import LookupProposer, RandomProposer
-from .tree import BUILDERS
+from jetflow.proposers import LookupProposer, RandomProposer
+from jetflow.tree import BUILDERS
 
 
 @dataclass(frozen=True)

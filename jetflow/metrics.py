@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # for the annotations only: metrics imports no other jetflow module
-    from .journal import PromptRun
-    from .decode import Round
+    from jetflow.journal import PromptRun
+    from jetflow.decode import Round
 
 
 @dataclass(frozen=True)

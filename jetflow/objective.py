@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # annotations only
-    from .head import DraftHead
-    from .train import TrainConfig
+    from jetflow.head import DraftHead
+    from jetflow.train import TrainConfig
 
 
 def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:

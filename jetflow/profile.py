@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from .flags import option
-from .tree import AcceptanceProfile
+from jetflow.util.flags import option
+from jetflow.tree import AcceptanceProfile
 
 PROFILE_FILE = "acceptance_profile.json"
 # head log-prob bin edges (the first bin is everything below -12): finer where the accepted mass is
@@ -154,7 +154,7 @@ def load_profile(folder: str | Path | None) -> AcceptanceProfile | None:
 def heldout_prompts(n: int, *, after: int = 3030, seed: int = 0, data_dir=None) -> list[dict]:
     """``n`` training prompts the shipped heads never saw: ``training_prompts(after + n)`` minus the
     ``after`` they were regenerated from (a larger draw keeps a smaller one's prompts)."""
-    from .data import training_prompts
+    from jetflow.data import training_prompts
     seen = {p["id"] for p in training_prompts(after, seed=seed, data_dir=data_dir)}
     return [p for p in training_prompts(after + n, seed=seed, data_dir=data_dir) if p["id"] not in seen]
 
@@ -162,8 +162,8 @@ def heldout_prompts(n: int, *, after: int = 3030, seed: int = 0, data_dir=None) 
 def holdout_prompts(data: str | Path, n: int, *, seed: int = 0, data_dir=None) -> list[dict]:
     """The prompts of the ``n`` rows that ``train --holdout n`` kept out of a head trained on ``data`` (a
     regenerated file, or a chunked folder: rows of its last part), from the training pool of ``seed``."""
-    from .data import data_files, is_last_part, load_regenerated, training_pool
-    from .train import holdout_rows
+    from jetflow.data import data_files, is_last_part, load_regenerated, training_pool
+    from jetflow.train import holdout_rows
     last = data_files(data)[-1]
     if not is_last_part(last):
         raise ValueError(f"{last} is not the last part of {data} (the rest are still to regenerate); train --holdout "
@@ -181,7 +181,7 @@ def holdout_answers(ids: set[str], max_new_tokens: int) -> Path:
     """Where the greedy fp32 answers to a head's held-out prompts are cached (named by a hash of their ids),
     shared by ``profile --data`` and the ``heldout`` diagnosis."""
     import hashlib
-    from .data import cache_dir
+    from jetflow.util.paths import cache_dir
     tag = hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:12]
     return cache_dir() / "replay" / f"holdout-{tag}-n{len(ids)}-{max_new_tokens}.jsonl"
 
@@ -224,7 +224,7 @@ def counts_of(proposer, traces, n_rank: int, progress: bool = False, corrected: 
     ``corrected`` a pair: the head's counts and the path-corrected ones, from the same drafts."""
     from tqdm.auto import tqdm
 
-    from .replay import draft_table
+    from jetflow.replay import draft_table
     counts = [Counts(proposer.head.config.block_size - 1, n_rank) for _ in range(1 + corrected)]
     for t in tqdm(traces, desc="profile", disable=not progress, leave=False):
         wide = max(n_rank, 2, proposer.correction.config.candidates if corrected else 0)
@@ -274,8 +274,8 @@ def diagnosis_markdown(rows: Sequence[dict]) -> str:
 def profile_command(cfg: "ProfileConfig") -> str:
     """The ``python -m jetflow profile`` line of ``cfg`` as any machine reads it: its local folders (--data,
     --out, --head) relative to the repository or the cache folder (``portable_path``); a hub id stays."""
-    from .data import portable_path
-    from .flags import command_line
+    from jetflow.util.paths import portable_path
+    from jetflow.util.flags import command_line
     shown = replace(cfg, **{k: portable_path(v) for k in ("data", "out", "head")
                             if (v := getattr(cfg, k)) and Path(v).expanduser().exists()})
     return command_line(shown, ProfileConfig(), ["python", "-m", "jetflow", "profile"], skip=("data_dir",),
@@ -285,11 +285,13 @@ def profile_command(cfg: "ProfileConfig") -> str:
 def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     """Answer ``cfg.n`` held-out training prompts greedily (batched, fp32, resumable in the jetflow
     cache), count the causal head's acceptance on them, save the profile beside the head."""
-    from .data import cache_dir, load_regenerated, regenerate
-    from .proposers import make_proposer, shipped_head_dir
-    from .provenance import environment
-    from .replay import Trace
-    from .target import load_target
+    from jetflow.data import load_regenerated, regenerate
+    from jetflow.util.paths import cache_dir
+    from jetflow.proposers import make_proposer
+    from jetflow.util.paths import shipped_head_dir
+    from jetflow.provenance import environment
+    from jetflow.replay import Trace
+    from jetflow.target import load_target
     out = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
     target = load_target(None, dtype="float32")
     if cfg.data:
@@ -328,8 +330,9 @@ def heldout_traces(target, n: int, max_new_tokens: int, data_dir=None, progress:
     """Greedy answers (batched, cached like ``profile``'s) of the first ``n`` held-out training prompts, as
     ``replay.Trace`` rows of dataset ``heldout``: the prompts ``head``'s training held out for its profile
     (``train --holdout``, listed in its provenance) when it did, else the 48 drawn after the first 3030."""
-    from .data import cache_dir, load_regenerated, regenerate, training_pool
-    from .replay import Trace
+    from jetflow.data import load_regenerated, regenerate, training_pool
+    from jetflow.util.paths import cache_dir
+    from jetflow.replay import Trace
     kept = head_holdout_ids(head) if head is not None else set()
     if kept:
         prompts = [p for p in training_pool(data_dir=data_dir) if p["id"] in kept]
@@ -348,11 +351,12 @@ def heldout_traces(target, n: int, max_new_tokens: int, data_dir=None, progress:
 def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     """Diagnosis rows per dataset (AR answers from the replay cache, shipped causal head, fp32); where a
     path correction is saved beside the head, its corrected rows beside the head's own."""
-    from .data import load_prompts
-    from .proposers import make_proposer, shipped_head_dir
-    from .provenance import environment
-    from .replay import ar_traces, trace_cache
-    from .target import load_target
+    from jetflow.data import load_prompts
+    from jetflow.proposers import make_proposer
+    from jetflow.util.paths import shipped_head_dir
+    from jetflow.provenance import environment
+    from jetflow.replay import ar_traces, trace_cache
+    from jetflow.target import load_target
     target = load_target(None, dtype="float32")
     proposer = make_proposer("jetflow", target, draft_dtype=torch.float32)
     corrected = proposer.correction is not None

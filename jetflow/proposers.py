@@ -12,17 +12,16 @@ built from a trained ``DraftHead`` by ``head_proposer``.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import check_compatible
-from .correction import PathCorrection, candidates, load_correction, path_table
-from .head import DraftHead, HeadState
-from .tree import BUILDERS, AcceptanceProfile, Tree, accum_logp, merge, tree_builder
+from jetflow.checkpoint import check_compatible
+from jetflow.correction import PathCorrection, candidates, load_correction, path_table
+from jetflow.head import DraftHead, HeadState
+from jetflow.util.paths import shipped_head_dir
+from jetflow.tree import BUILDERS, AcceptanceProfile, Tree, accum_logp, merge, tree_builder
 
 
 @dataclass
@@ -254,22 +253,6 @@ class LookupMerged:
         return self.merged(tokens, self.inner.propose(state, tokens, new_taps, budget), budget)
 
 
-def shipped_heads_root() -> Path:
-    """The folder of the heads shipped for the embedded target: ``$JETFLOW_HEADS_DIR`` if set (e.g. to try
-    freshly trained heads), else ``jetflow/heads`` of an installed package (package data), else the
-    checkout's ``data/heads``."""
-    if os.environ.get("JETFLOW_HEADS_DIR"):
-        return Path(os.environ["JETFLOW_HEADS_DIR"])
-    here = Path(__file__).resolve().parent
-    installed = here / "heads"
-    return installed if (installed / "README.md").is_file() else here.parent / "data" / "heads"
-
-
-def shipped_head_dir(kind: str) -> Path:
-    """Directory of the head shipped for the embedded target: ``shipped_heads_root()/smollm2-135m-{kind}``."""
-    return shipped_heads_root() / f"smollm2-135m-{kind}"
-
-
 def make_proposer(method: str, target, *, head: str | None = None, width: int = 7,
                   draft_dtype: torch.dtype | None = None):
     """Proposer for a registered method (``jetflow.methods``; ``ar`` -> None): a training-free one from
@@ -277,7 +260,7 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     the embedded target) in ``draft_dtype`` (default: ``default_draft_dtype(target)``) under its tree
     builder, with the acceptance profile and the path correction saved beside the head (if any) and lookup
     branches merged in when the entry says so."""
-    from .methods import method as entry  # the registry imports the proposer classes above
+    from jetflow.methods import method as entry  # the registry imports the proposer classes above
     m = entry(method)
     if m.proposer is not None:
         return m.proposer(target)
@@ -289,8 +272,8 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
     draft = draft.to(target.device)
     check_compatible(draft.config, target.config)
-    from .budget import load_cost
-    from .profile import load_profile
+    from jetflow.budget import load_cost
+    from jetflow.profile import load_profile
     correction = load_correction(path)
     proposer = HeadProposer(draft, target, m.builder, width, load_profile(path),
                             None if correction is None else correction.to(target.device), load_cost(path))

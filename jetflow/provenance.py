@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 import transformers
 
-from . import hardware
+from jetflow.util import hardware
 
 if TYPE_CHECKING:
-    from .train import Progress, TrainingRun
+    from jetflow.train import Progress, TrainingRun
 
 TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
             "of the argmax at every depth (a budget of D = Q-1 draft nodes, root excluded)")
@@ -35,9 +35,9 @@ def environment(target) -> dict:
 
 def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[dict]) -> dict:
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
-    from .data import portable_path
-    from .data import data_files
-    from .train import command_for, lineage, portable_config  # train.py calls this at the end
+    from jetflow.util.paths import portable_path
+    from jetflow.data import data_files
+    from jetflow.train import command_for, lineage, portable_config  # train.py calls this at the end
     cfg, path = run.cfg, Path(run.cfg.data)
     files = data_files(path, cfg.parts)
     data = {"file": path.name, "path": portable_path(path), **({"parts": [f.name for f in files]} if path.is_dir() else {}),

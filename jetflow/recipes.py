@@ -25,8 +25,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import data, jsonl
-from .train import TrainConfig
+from jetflow.util import jsonl
+from . import data
+from jetflow.util import paths
+from jetflow.train import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class Regen:
     max_new_tokens: int = 128     # answers are cut here
     max_prompt_tokens: int = 256  # longer prompts are skipped
     dtype: str = "bfloat16"       # the target's dtype while answering
-    data_dir: str | None = None   # the prompts' source (data.data_dir); None: $JETFLOW_DATA_DIR or the hub
+    data_dir: str | None = None   # the prompts' source (paths.data_dir); None: $JETFLOW_DATA_DIR or the hub
 
 
 @dataclass(frozen=True)
@@ -74,21 +76,21 @@ RECIPES = {
 
 
 def recipe_dir(recipe: Recipe) -> Path:
-    """The recipe's folder under the cache folder (``data.cache_dir()``)."""
+    """The recipe's folder under the cache folder (``paths.cache_dir()``)."""
     if not recipe.folder:
         raise ValueError(f"recipe {recipe.name!r} has no folder of its own; pass one to regenerate and stage_config")
-    return data.cache_dir() / recipe.folder
+    return paths.cache_dir() / recipe.folder
 
 
 def regenerate_command(recipe: Recipe, out: Path) -> str:
     """The ``python -m jetflow regenerate`` line that makes the same file (paths portable)."""
     r = recipe.regen
-    args = ["python", "-m", "jetflow", "regenerate", "--n", str(r.n), "--out", data.portable_path(out),
+    args = ["python", "-m", "jetflow", "regenerate", "--n", str(r.n), "--out", paths.portable_path(out),
             "--batch-size", str(r.batch_size), "--max-new-tokens", str(r.max_new_tokens),
             "--max-prompt-tokens", str(r.max_prompt_tokens), "--seed", str(r.seed)]
     args += ["--dtype", r.dtype] if r.dtype != "bfloat16" else []
     args += ["--data-dir", r.data_dir] if r.data_dir else []
-    return data.shell_join(args)
+    return paths.shell_join(args)
 
 
 def regenerate(recipe: Recipe, root: str | Path, target, *, progress: bool = True) -> Path:
@@ -119,7 +121,7 @@ def stage_config(recipe: Recipe, root: str | Path, index: int) -> TrainConfig:
 def shipped_histories(kinds: tuple[str, ...] = ("jetflow", "dflash")) -> dict[str, list[dict]]:
     """kind -> the committed training curve of the head shipped for the embedded target (its
     ``history.jsonl``: one entry per step, ``acc`` / ``sim_tau`` on evaluated steps)."""
-    from .proposers import shipped_head_dir
+    from jetflow.util.paths import shipped_head_dir
     out = {}
     for kind in kinds:
         path = shipped_head_dir(kind) / "history.jsonl"

@@ -28,20 +28,21 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import jsonl
+from jetflow.util import jsonl
 from . import methods as registry
-from .bench import BENCHMARKS
-from .data import DATASETS
-from .decode import Round, generate
-from .flags import comma_list, option
-from .metrics import round_stats
-from .budget import CostCurve, load_cost
-from .proposers import HeadProposer, LookupMerged, make_proposer, shipped_head_dir
-from .provenance import environment
-from .report import REPLAY_NOTE, write_rows
-from .report import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
-from .tree import BUILDERS, Tree, tree_builder
-from .verify import greedy_accept
+from jetflow.bench import BENCHMARKS
+from jetflow.data import DATASETS
+from jetflow.decode import Round, generate
+from jetflow.util.flags import comma_list, option
+from jetflow.metrics import round_stats
+from jetflow.budget import CostCurve, load_cost
+from jetflow.proposers import HeadProposer, LookupMerged, make_proposer
+from jetflow.util.paths import shipped_head_dir
+from jetflow.provenance import environment
+from jetflow.report import REPLAY_NOTE, write_rows
+from jetflow.report import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
+from jetflow.tree import BUILDERS, Tree, tree_builder
+from jetflow.verify import greedy_accept
 
 
 
@@ -88,7 +89,7 @@ class Trace:
 
 def trace_cache(target, dataset: str, folder: str | Path | None = None) -> Path:
     """The JSONL that caches ``target``'s AR traces of ``dataset`` (default folder: the jetflow cache's replay/)."""
-    from .data import cache_dir
+    from jetflow.util.paths import cache_dir
     folder = Path(folder) if folder is not None else cache_dir() / "replay"
     return folder / f"ar-{target.name.replace('/', '--')}-{dataset}.jsonl"
 

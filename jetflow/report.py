@@ -19,10 +19,10 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .methods import names
-from .metrics import predicted_speedups
+from jetflow.methods import names
+from jetflow.metrics import predicted_speedups
 
-ROOT = Path(__file__).resolve().parent.parent
+from jetflow.util.paths import REPO as ROOT
 README, RESULTS = ROOT / "README.md", ROOT / "data" / "results"
 DATASET_NAMES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mt_bench": "MT-Bench",
                  "mbpp": "MBPP", "spec_bench": "Spec-Bench"}
@@ -277,7 +277,7 @@ def cli_help(width: int = 100) -> str:
     whatever the terminal (docs/cli.md holds it, so the page cannot drift from the parser)."""
     import argparse
     import os
-    from .cli import build_parser
+    from jetflow.cli import build_parser
     parser, saved = build_parser(), os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = str(width)  # argparse wraps at the terminal's width
     try:
@@ -330,19 +330,19 @@ def _fp32_count(results: Path) -> str:
 
 def train_throughput(results: Path, name: str = "cpu-train-throughput") -> str:
     """Training slots per second, cached taps vs the online target (docs/scale.md)."""
-    from .throughput import table
+    from jetflow.throughput import table
     return table(load(results, name))
 
 
 def tau_curve(results: Path, name: str = "cpu-tau-curve") -> str:
     """Replayed tau of both heads against the training data they saw (docs/scale.md)."""
-    from .curve import table
+    from jetflow.curve import table
     return table(load(results, name))
 
 
 def same_steps(results: Path) -> str:
     """The curve's k = 4 points beside the causal head trained for the same steps on all the data once (docs/scale.md)."""
-    from .curve import same_steps_table
+    from jetflow.curve import same_steps_table
     return same_steps_table(load(results, "cpu-tau-curve"), load(results, "cpu-curve-one-pass"))
 
 

@@ -16,9 +16,9 @@ import gc
 
 import torch
 
-from .budget import _time_verify, random_tree
-from .compiled import QUERY_SIZES, CompileConfig, compile_target
-from .target import Target, load_target
+from jetflow.budget import _time_verify, random_tree
+from jetflow.compiled import QUERY_SIZES, CompileConfig, compile_target
+from jetflow.target import Target, load_target
 
 LINEARS = ("aten::mm", "aten::addmm", "aten::linear", "mkl::_mkl_linear", "mkldnn::_linear_pointwise",
            "onednn::qlinear_pointwise", "aten::matmul")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import jsonl
+from jetflow.util import jsonl
 
 FORMAT = 1
 HEADER = "taps.json"
@@ -37,7 +37,7 @@ def sequence_ids(row: dict, max_len: int) -> torch.Tensor:
 
 def header_for(target, layers: tuple[int, ...], max_len: int, data: Path, rows: int, shard_rows: int) -> dict:
     """What a cache's taps depend on (compared when it is resumed or read)."""
-    from .train import data_sha256
+    from jetflow.train import data_sha256
     return {"format": FORMAT, "model": target.name, "dtype": str(target.dtype).removeprefix("torch."),
             "tap_layers": list(layers), "hidden": target.config.hidden_size, "max_len": max_len,
             "shard_rows": shard_rows, "rows": rows, "data": data.name, "data_sha256": data_sha256(data)}
@@ -80,7 +80,7 @@ def build(target, data: str | Path, *, layers: tuple[int, ...], max_len: int, ou
     rerunning skips the whole shards. A second builder of the same cache is refused (``jsonl.Busy``), or
     with ``wait`` waits for the first and then finds its shards whole; a whole cache is only checked,
     without its lock, so any number of readers may start at once. -> out."""
-    from .data import load_regenerated
+    from jetflow.data import load_regenerated
     if max_len < 3 or shard_rows < 1:
         raise ValueError(f"max_len must be >= 3 and shard_rows >= 1, got {max_len}, {shard_rows}")
     data, out = Path(data), Path(out)
@@ -112,7 +112,7 @@ def build(target, data: str | Path, *, layers: tuple[int, ...], max_len: int, ou
 
 def missing_rows(data: str | Path, out: str | Path, shard_rows: int) -> int:
     """Rows of ``data`` not yet in whole shards of ``out`` (one progress bar over several files)."""
-    from .data import load_regenerated
+    from jetflow.data import load_regenerated
     n = len(load_regenerated(data))
     return sum(len(range(n)[k * shard_rows:(k + 1) * shard_rows])
                for k in range(-(-n // shard_rows)) if not _shard(Path(out), k)[1].is_file())
@@ -220,7 +220,7 @@ def _read_header(out: Path, data: Path) -> dict:
 def default_dir(data: str | Path, model: str, layers: tuple[int, ...]) -> Path:
     """The cache folder of a data file or chunked folder: named by the data, the model and the layers
     (a chunked folder's parts get one subfolder each, ``cache_for``)."""
-    from .data import cache_dir
+    from jetflow.util.paths import cache_dir
     name = Path(data).name.removesuffix(".jsonl")
     return cache_dir() / "taps" / f"{name}-{model.rstrip('/').replace('/', '--')}-L{'-'.join(map(str, layers))}"
 

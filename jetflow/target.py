@@ -242,7 +242,7 @@ def _load(name: str | None, dtype: str, device: str | None) -> Target:
 
 @functools.lru_cache(maxsize=4)
 def _load_compiled(name: str | None, dtype: str, device: str | None) -> Target:
-    from .compiled import compile_target  # compiled.py builds on this module
+    from jetflow.compiled import compile_target  # compiled.py builds on this module
     return compile_target(_load(name, dtype, device))
 
 

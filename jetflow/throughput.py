@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .flags import comma_list, option
+from jetflow.util.flags import comma_list, option
 
 SOURCES = ("online", "cached")
 REFERENCE = {"precision": "float32", "attention": "packed"}  # the head step before bf16 and blockwise attention
@@ -46,15 +46,16 @@ class ThroughputConfig:
 
 
 def _work(cfg: ThroughputConfig, target) -> Path:
-    from .data import cache_dir
+    from jetflow.util.paths import cache_dir
     return cache_dir() / "throughput" / f"{target.name.replace('/', '--')}-{cfg.dtype}-{cfg.prompts}-{cfg.max_new_tokens}"
 
 
 def prepare(cfg: ThroughputConfig, target) -> tuple[Path, Path, str]:
     """Regenerate the prompts and cache their taps (both resume). -> (data file, taps folder, prompt source)."""
-    from .data import data_dir, regenerate, source_name, training_prompts
-    from .head import HeadConfig
-    from .taps import build
+    from jetflow.data import regenerate, training_prompts
+    from jetflow.util.paths import data_dir, source_name
+    from jetflow.head import HeadConfig
+    from jetflow.taps import build
     work = _work(cfg, target)
     work.mkdir(parents=True, exist_ok=True)
     prompts = training_prompts(cfg.prompts, data_dir=cfg.data_dir)
@@ -68,7 +69,7 @@ def prepare(cfg: ThroughputConfig, target) -> tuple[Path, Path, str]:
 def _run(cfg: ThroughputConfig, target, data: Path, taps: Path, anchors: int, source: str, step: str):
     """A training run (not started) of the cpu preset with the shipped heads' loss and these settings;
     ``step`` "default" (the training default head step) or "reference" (``REFERENCE``)."""
-    from .train import TrainConfig, setup
+    from jetflow.train import TrainConfig, setup
     out = _work(cfg, target) / f"run-{source}-{anchors}-{step}"
     return setup(TrainConfig.from_name(
         "cpu", data=str(data), out=str(out), loss="ce", anchors_per_seq=anchors, seqs_per_step=cfg.seqs_per_step,
@@ -78,7 +79,7 @@ def _run(cfg: ThroughputConfig, target, data: Path, taps: Path, anchors: int, so
 
 def head_step(run) -> str:
     """The head step a run takes, as its table names it: "bfloat16 blockwise", "float32 packed", ..."""
-    from .train import head_compute
+    from jetflow.train import head_compute
     dtype, blockwise = head_compute(run.cfg, run.accelerator.device)
     return f"{str(dtype).removeprefix('torch.')} {'blockwise' if blockwise else 'packed'}"
 
@@ -87,9 +88,9 @@ def measure(cfg: ThroughputConfig, target=None, *, progress: bool = True) -> lis
     """One row per (anchors, taps source, head step): steps, seconds, supervised slots, slots/s and the
     ratio of its slots/s to the online source's (default head step) at the same anchors."""
     from tqdm.auto import tqdm
-    from .provenance import environment
-    from .target import load_target
-    from .train import train_step
+    from jetflow.provenance import environment
+    from jetflow.target import load_target
+    from jetflow.train import train_step
     if cfg.steps < cfg.rounds or cfg.rounds < 1 or not cfg.anchors:
         raise ValueError(f"need steps >= rounds >= 1 and some anchors, got steps={cfg.steps}, rounds={cfg.rounds}")
     target = target or load_target(None, dtype=cfg.dtype)

@@ -53,18 +53,19 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import jsonl
-from .data import data_files, is_last_part, load_regenerated, portable_path, shell_join
-from .flags import command_args, option
-from .checkpoint import init_from_target
-from .head import DraftHead, HeadConfig
-from .metrics import simulated_tau
-from .hardware import fast_dtype
-from .objective import (curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets,
+from jetflow.util import jsonl
+from jetflow.data import data_files, is_last_part, load_regenerated
+from jetflow.util.paths import portable_path, shell_join
+from jetflow.util.flags import command_args, option
+from jetflow.checkpoint import init_from_target
+from jetflow.head import DraftHead, HeadConfig
+from jetflow.metrics import simulated_tau
+from jetflow.util.hardware import fast_dtype
+from jetflow.objective import (curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets,
                         weighted_ce)
-from .provenance import write_provenance
-from .target import DTYPES, load_target
-from .taps import CachedTaps, OnlineTaps, cache_for, default_dir, sequence_ids
+from jetflow.provenance import write_provenance
+from jetflow.target import DTYPES, load_target
+from jetflow.taps import CachedTaps, OnlineTaps, cache_for, default_dir, sequence_ids
 
 BUILTIN_INITS = ("target", "random")  # any other ``init`` names a trained head's directory (warm start)
 PRECISIONS, ATTENTIONS = ("auto", "float32", "bfloat16"), ("auto", "blocks", "packed")
@@ -233,7 +234,7 @@ def block_logits(blocks: nn.Module, target, taps, ids, anchors) -> torch.Tensor:
 
 def head_compute(cfg: TrainConfig, device) -> tuple[torch.dtype, bool]:
     """(the head's compute dtype, whether blocks attend blockwise) of a training step on ``device``:
-    ``precision`` and ``attention`` with auto resolved (``jetflow.hardware.fast_dtype``)."""
+    ``precision`` and ``attention`` with auto resolved (``jetflow.util.hardware.fast_dtype``)."""
     device = torch.device(device)
     precision = fast_dtype(device)[0] if cfg.precision == "auto" else cfg.precision
     blockwise = cfg.attention == "blocks" or (cfg.attention == "auto" and device.type == "cpu")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .tree import Tree, ancestor_mask
+from jetflow.tree import Tree, ancestor_mask
 
 
 def tree_attention_mask(tree: Tree, past_len: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

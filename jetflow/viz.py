@@ -16,8 +16,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from .head import block_mask as draft_block_mask  # the mask the head really uses, not a copy
-from .tree import Tree, ancestor_mask
+from jetflow.head import block_mask as draft_block_mask  # the mask the head really uses, not a copy
+from jetflow.tree import Tree, ancestor_mask
 
 CONVENTIONS = ("tau = mean tokens committed per round incl. the bonus token; "
                "budget = draft nodes excluding the root")

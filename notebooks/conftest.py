@@ -3,7 +3,7 @@
 - Smoke mode: the kernel nbval starts inherits this process's environment, so the notebooks' first
   cell sees JETFLOW_SMOKE=1 under the test runner (small prompts, steps, budgets) and does the full
   run when opened by hand. In smoke mode prompts come from the bundled fixtures unless
-  JETFLOW_DATA_DIR names a folder (``jetflow.data.data_dir``), so the tests need neither the offline
+  JETFLOW_DATA_DIR names a folder (``jetflow.util.paths.data_dir``), so the tests need neither the offline
   data folder nor the network.
 - Stored outputs, checked cells included, are refreshed by ``make notebooks-refresh``;
   tests/test_notebooks.py fails if a checked cell was committed unexecuted.

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # fakes, and this checkout's jetflow
 from fakes import CharTokenizer, tiny_model  # noqa: E402
 
-from jetflow import jsonl  # noqa: E402
+from jetflow.util import jsonl  # noqa: E402
 from jetflow.target import Target  # noqa: E402
 
 V = 97

@@ -273,6 +273,6 @@ def test_published_head_shapes_on_meta(d, causal, tensors, params):
 def test_shipped_configs_state_the_causal_flag_in_every_dialect(kind, causal):
     """vLLM reads dflash_config.causal, the dflash package is_causal: a shipped config that spelled only
     causal_head would run the JetFlow head bidirectionally there."""
-    from jetflow.proposers import shipped_head_dir
+    from jetflow.util.paths import shipped_head_dir
     d = json.loads((shipped_head_dir(kind) / "config.json").read_text())
     assert (d["dflash_config"]["causal_head"], d["dflash_config"]["causal"], d["is_causal"]) == (causal,) * 3

@@ -334,7 +334,7 @@ def test_spread_from_leads_with_the_smaller_spread():
 def test_add_sources_appends_the_other_rows_of_those_sources_in_pool_order():
     from jetflow.cli import build_parser
     from jetflow.correction_train import CorrectionTrainConfig, added_rows
-    from jetflow.flags import given
+    from jetflow.util.flags import given
     ids = ["gsm:1", "chat:a", "code:x", "chat:b", "gsm:2", "chat:c", "other:q"]
     assert added_rows(ids, [0, 3], ("chat",)) == [1, 5]                 # chat:b already picked, not added twice
     assert added_rows(ids, [0, 3], ("chat", "code")) == [1, 2, 5]
@@ -349,7 +349,7 @@ def test_add_sources_appends_the_other_rows_of_those_sources_in_pool_order():
 def test_train_correction_flags_spread_and_its_command_line():
     from jetflow.cli import build_parser
     from jetflow.correction_train import CorrectionTrainConfig
-    from jetflow.flags import command_line, given
+    from jetflow.util.flags import command_line, given
     args = build_parser().parse_args(["train-correction", "--max-seqs", "3164", "--spread"])
     cfg = CorrectionTrainConfig(**given(args, CorrectionTrainConfig))
     assert cfg.spread and cfg.max_seqs == 3164

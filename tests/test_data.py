@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from jetflow import data
-from jetflow.data import (DATASETS, MATH_SUFFIX, cache_dir, data_dir, left_pad, load_prompts, load_prompts_file,
-                          load_regenerated, regenerate, training_prompts, trim_response)
+from jetflow.data import DATASETS, MATH_SUFFIX, left_pad, load_prompts, load_prompts_file, load_regenerated, regenerate, training_prompts, trim_response
+from jetflow.util import paths
+from jetflow.util.paths import cache_dir, data_dir
 
 
 def write_jsonl(path: Path, rows) -> None:
@@ -61,8 +62,8 @@ def test_data_dir_precedence(tmp_path, monkeypatch, arg, env, smoke, expected):
         else:
             monkeypatch.setenv(name, str(tmp_path) if value == "tmp" else value)
     got = data_dir(tmp_path if arg == "tmp" else arg)
-    assert got == {None: None, "fixtures": data.FIXTURES, "tmp": tmp_path}[expected]
-    assert data.source_name(got) == {None: "hub", "fixtures": "fixtures", "tmp": "data_dir"}[expected]
+    assert got == {None: None, "fixtures": paths.FIXTURES, "tmp": tmp_path}[expected]
+    assert paths.source_name(got) == {None: "hub", "fixtures": "fixtures", "tmp": "data_dir"}[expected]
 
 
 def test_data_dir_missing_folder(tmp_path):
@@ -158,8 +159,8 @@ def test_fixtures_ship_with_the_package():
     import tomllib
     patterns = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())[
         "tool"]["setuptools"]["package-data"]["jetflow"]
-    shipped = {p for pattern in patterns for p in data.FIXTURES.parent.glob(pattern)}
-    assert {data.FIXTURES / f for f in data.LOCAL_FILES.values()} | {data.FIXTURES / "README.md"} <= shipped
+    shipped = {p for pattern in patterns for p in paths.FIXTURES.parent.glob(pattern)}
+    assert {paths.FIXTURES / f for f in data.LOCAL_FILES.values()} | {paths.FIXTURES / "README.md"} <= shipped
 
 
 @pytest.mark.skipif(not os.environ.get("JETFLOW_DATA_DIR") or os.environ["JETFLOW_DATA_DIR"] == "fixtures",
@@ -368,7 +369,7 @@ def test_regenerate_repairs_partial_last_line(tiny_target, tmp_path, monkeypatch
     full = read_lines(path)
     path.write_text("\n".join(full[:-1]) + "\n" + full[-1][:15], encoding="utf-8")  # killed mid-write
     assert len(load_regenerated(path)) == len(full) - 2  # header and torn line are left out when reading
-    with caplog.at_level(logging.WARNING, logger="jetflow.jsonl"):
+    with caplog.at_level(logging.WARNING, logger="jetflow.util.jsonl"):
         regenerate(tiny_target, PROMPTS, path, **kwargs)
     assert "cut short by an interruption" in caplog.text
     assert read_lines(path) == full
@@ -427,7 +428,7 @@ def normalized(text: str) -> str:
 
 
 @pytest.mark.parametrize("path, env_cache, expected", [
-    (data.REPO_ROOT / "data" / "heads" / "x", None, "data/heads/x"),
+    (paths.REPO / "data" / "heads" / "x", None, "data/heads/x"),
     ("~/.cache/jetflow/heads/regen.jsonl", None, "~/.cache/jetflow/heads/regen.jsonl"),
     ("CACHE/heads/jetflow", "CACHE", "$JETFLOW_CACHE/heads/jetflow"),
     ("CACHE", "CACHE", "$JETFLOW_CACHE"),
@@ -440,13 +441,13 @@ def test_portable_path(tmp_path, monkeypatch, path, env_cache, expected):
     else:
         monkeypatch.delenv("JETFLOW_CACHE", raising=False)
     path = str(path).replace("CACHE", str(tmp_path / "CACHE")) if env_cache else path
-    assert data.portable_path(path) == expected
+    assert paths.portable_path(path) == expected
 
 
 def test_shell_join_leaves_home_and_cache_for_the_shell_to_expand(tmp_path):
     import subprocess
     args = ["~/a b", "$JETFLOW_CACHE/x y", "it's", "$HOME", "~"]
-    line = data.shell_join(args)
+    line = paths.shell_join(args)
     out = subprocess.run(["bash", "-c", "printf '%s\\n' " + line], capture_output=True, text=True, check=True,
                          env={"HOME": str(tmp_path), "JETFLOW_CACHE": "/c", "PATH": os.environ["PATH"]}).stdout
     assert out.splitlines() == [f"{tmp_path}/a b", "/c/x y", "it's", "$HOME", "~"]

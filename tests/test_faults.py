@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import fault_child
-from jetflow import jsonl
+from jetflow.util import jsonl
 
 FORK = multiprocessing.get_context("fork")
 TIMING = ("decode_s", "prefill_s", "tokens_per_s", "speedup", "hardware")

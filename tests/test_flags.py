@@ -1,4 +1,4 @@
-"""Tests for jetflow/flags.py: flags, parsing and reproducing commands from config field metadata."""
+"""Tests for jetflow/util/flags.py: flags, parsing and reproducing commands from config field metadata."""
 import argparse
 import shlex
 from dataclasses import dataclass, replace
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from jetflow.cli import RegenerateConfig, regenerate_command
-from jetflow.flags import add_flags, command_line, given, option, parse_set
+from jetflow.util.flags import add_flags, command_line, given, option, parse_set
 
 
 @dataclass(frozen=True)

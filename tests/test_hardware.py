@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from jetflow import hardware
+from jetflow.util import hardware
 
 
 @pytest.mark.parametrize("flags, expected", [(frozenset({"avx2", "avx512_bf16"}), "bfloat16"),

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from jetflow import jsonl
+from jetflow.util import jsonl
 
 
 def test_append_then_read_round_trips(tmp_path):

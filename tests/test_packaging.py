@@ -6,7 +6,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-from jetflow import proposers
+from jetflow.util import paths
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,10 +25,10 @@ def test_package_data_covers_every_shipped_head_file():
 
 def test_shipped_heads_are_found_in_a_checkout_and_by_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("JETFLOW_HEADS_DIR", raising=False)
-    assert proposers.shipped_heads_root() == ROOT / "data" / "heads"
-    assert (proposers.shipped_head_dir("jetflow") / "config.json").is_file()
+    assert paths.shipped_heads_root() == ROOT / "data" / "heads"
+    assert (paths.shipped_head_dir("jetflow") / "config.json").is_file()
     monkeypatch.setenv("JETFLOW_HEADS_DIR", str(tmp_path))
-    assert proposers.shipped_head_dir("dflash") == tmp_path / "smollm2-135m-dflash"
+    assert paths.shipped_head_dir("dflash") == tmp_path / "smollm2-135m-dflash"
 
 
 def test_a_built_wheel_ships_every_folder_and_the_heads(tmp_path):

@@ -197,7 +197,7 @@ def test_holdout_prompts_need_the_last_part(tmp_path):
 def test_profile_command_records_folders_as_any_machine_reads_them(tmp_path, monkeypatch):
     """--out / --head / --data of the recorded command: repository-relative or under the cache folder, never
     this machine's absolute path; a hub id (no such folder) is kept as given."""
-    from jetflow.data import REPO_ROOT
+    from jetflow.util.paths import REPO as REPO_ROOT
     monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache" / "work" / "head").mkdir(parents=True)
     line = pf.profile_command(pf.ProfileConfig(out=str(tmp_path / "cache" / "work" / "head"), head="org/hub-head",

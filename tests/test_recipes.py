@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from jetflow import data, recipes, viz_train
-from jetflow.proposers import shipped_head_dir
+from jetflow.util.paths import shipped_head_dir
 from jetflow.train import command_for, train
 
 SHIPPED = {kind: json.loads((shipped_head_dir(kind) / "provenance.json").read_text()) for kind in ("jetflow", "dflash")}

@@ -9,10 +9,11 @@ import pytest
 
 import jetflow.data as data_mod
 import jetflow.target
-from jetflow import jsonl
+from jetflow.util import jsonl
 from jetflow.cli import RegenerateConfig, build_parser, chunk_files, main, regenerate_command
-from jetflow.data import TRAINING_SOURCES, _training_pool, chunk, data_dir, load_regenerated, training_pool
-from jetflow.flags import given
+from jetflow.data import TRAINING_SOURCES, _training_pool, chunk, load_regenerated, training_pool
+from jetflow.util.paths import data_dir
+from jetflow.util.flags import given
 from jetflow.target import Target
 from fakes import CharTokenizer, tiny_model
 

@@ -15,13 +15,14 @@ import torch
 import transformers as T
 
 from fakes import CharTokenizer, tiny_model
-from jetflow import bench, checks, jsonl
+from jetflow import bench
+from jetflow.util import checks, jsonl
 from jetflow.cli import main
 from jetflow.data import load_regenerated, regenerate
 from jetflow.decode import generate
 from jetflow.head import DraftHead, HeadConfig
 from jetflow.target import Target, check_supported
-from jetflow.flags import parse_set
+from jetflow.util.flags import parse_set
 from jetflow.train import TrainConfig, _swap_in, check_out
 from jetflow.tree import Tree
 from jetflow.verify import sample_accept

@@ -7,7 +7,7 @@ import pytest
 from jetflow import results
 from jetflow.bench import BenchConfig
 from jetflow.cli import build_parser, main
-from jetflow.flags import given
+from jetflow.util.flags import given
 from jetflow.profile import DiagnoseConfig
 from jetflow.replay import ReplayConfig
 from jetflow.report import RESULTS

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from jetflow import data, packed
+from jetflow.util import paths
 
-SHIPPED = data.REPO_ROOT / "data" / "regen" / "smollm2-135m-bfloat16-all-256"
+SHIPPED = paths.REPO / "data" / "regen" / "smollm2-135m-bfloat16-all-256"
 VOCAB = 49152  # the embedded target's vocabulary
 
 

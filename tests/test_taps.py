@@ -90,7 +90,7 @@ def test_a_killed_build_resumes_at_its_first_missing_shard(target, data, tmp_pat
 
 
 def test_a_second_builder_of_the_same_cache_is_refused(target, data, tmp_path):
-    from jetflow import jsonl
+    from jetflow.util import jsonl
     (tmp_path / "taps").mkdir()
     with jsonl.locked(tmp_path / "taps"):
         with pytest.raises(ValueError, match="being written by another process"):
@@ -98,7 +98,7 @@ def test_a_second_builder_of_the_same_cache_is_refused(target, data, tmp_path):
 
 
 def test_a_whole_cache_is_read_while_another_process_holds_its_lock(target, data, tmp_path):
-    from jetflow import jsonl
+    from jetflow.util import jsonl
     out = build(target, data, layers=LAYERS, max_len=20, out=tmp_path / "taps", progress=False)
     whole = {p.name: p.stat().st_mtime_ns for p in out.glob("*.npy")}
     with jsonl.locked(out):  # e.g. a second curve process: nothing to build, so no lock is needed
@@ -110,7 +110,7 @@ def test_a_whole_cache_is_read_while_another_process_holds_its_lock(target, data
 
 def _hold_then_let_go(path, ready):
     import time
-    from jetflow import jsonl
+    from jetflow.util import jsonl
     with jsonl.locked(path):
         ready.set()
         time.sleep(0.5)

@@ -128,7 +128,7 @@ def test_sampling_with_the_stop_builder_matches_the_target_distribution(small_vo
 
 
 def test_shipped_head_has_its_cost_curve():
-    from jetflow.proposers import shipped_head_dir
+    from jetflow.util.paths import shipped_head_dir
     curve = load_cost(shipped_head_dir("jetflow"))
     assert curve is not None and curve.ar_steps[1] == 1.0 and max(curve.ar_steps) >= 256 and curve.draft > 0
 

@@ -85,7 +85,7 @@ def head_dir(path: str | os.PathLike | None, name: str) -> None:
         return
     from safetensors import SafetensorError
 
-    from .head import DraftHead
+    from jetflow.head import DraftHead
     try:
         DraftHead.from_pretrained(str(path))
     except KeyError as err:
@@ -115,7 +115,7 @@ def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
 def data_source(data_dir: str | os.PathLike | None) -> None:
     """Prompts need a data folder (``--data-dir`` / ``$JETFLOW_DATA_DIR``) or the hub: without either,
     say so now instead of after half a minute of download retries."""
-    from .data import data_dir as local
+    from .paths import data_dir as local
     try:
         if local(data_dir) is not None:
             return
