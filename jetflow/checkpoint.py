@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from jetflow.head import DecoderLayer, DraftHead, HeadConfig
-from jetflow.target import tap_layers
+from jetflow.engine.target import tap_layers
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 WEIGHT_FILES = "model*.safetensors"  # model.safetensors or HF shards model-0000k-of-0000n; not side files

@@ -291,7 +291,7 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     from jetflow.util.paths import cache_dir, portable_path, shell_join
     from jetflow.proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
-    from jetflow.target import load_target
+    from jetflow.engine.target import load_target
     head_dir = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
     files, indexed = indexed_rows(cfg)
     rows = [r for _, r in indexed]
@@ -343,12 +343,12 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     (``jetflow-pc``; ``_pcx``: ``jetflow-pcx``), also as a fraction of the verify pass. All timed in one
     process, interleaved."""
     from jetflow.data import load_prompts
-    from jetflow.decode import verify_step
-    from jetflow.target import keep_path
+    from jetflow.engine.decode import verify_step
+    from jetflow.engine.target import keep_path
     from jetflow.proposers import make_proposer
     from jetflow.provenance import environment
-    from jetflow.target import load_target
-    from jetflow.tree import best_prefix, path_prefix, path_tail_prefix
+    from jetflow.engine.target import load_target
+    from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix
     target = load_target(None, dtype=cfg.dtype)
     proposer = make_proposer("jetflow-pc", target)
     if proposer.correction is None:

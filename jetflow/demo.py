@@ -27,9 +27,9 @@ from jetflow.util import hardware
 from . import bench
 from jetflow.data import math_prompt
 from jetflow.methods import names
-from jetflow.metrics import summarize
+from jetflow.engine.metrics import summarize
 from jetflow.provenance import environment
-from jetflow.target import DTYPES, Target, load_target
+from jetflow.engine.target import DTYPES, Target, load_target
 
 PROMPTS = (  # a math word problem in the benchmarks' format, a code edit, another word problem
     math_prompt("Lena buys 3 notebooks at $4 each and 2 pens at $1.50 each. She pays with a $20 bill. "

@@ -19,7 +19,7 @@ import dataclasses
 import html
 
 from . import viz
-from jetflow.decode import generate
+from jetflow.engine.decode import generate
 from jetflow.walkthrough import node_info, round_logits
 
 SIDES = ("left", "right")

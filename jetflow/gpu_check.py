@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from jetflow.decode import generate
+from jetflow.engine.decode import generate
 from jetflow.util.hardware import describe
 from jetflow.head import DraftHead, HeadConfig
 from . import methods as registry
@@ -37,9 +37,9 @@ from jetflow.correction import random_correction
 from jetflow.profile import Counts
 from jetflow.proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
                         RandomProposer, make_proposer)
-from jetflow.target import Target, keep_path, load_target
-from jetflow.tree import accum_logp
-from jetflow.verify import tree_attention_mask
+from jetflow.engine.target import Target, keep_path, load_target
+from jetflow.engine.tree import accum_logp
+from jetflow.engine.verify import tree_attention_mask
 
 HEAD_METHODS = registry.names(lambda m: m.head is not None and not m.lookup_merged)  # the plain head methods
 NEUTRAL_PROFILE = Counts(15, 8).profile()  # no measurements: each log-prob bin reads as its own probability

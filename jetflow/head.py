@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jetflow.blockwise import BlockwiseMask, blockwise_attention, blockwise_mask
-from jetflow.target import tap_layers
+from jetflow.engine.target import tap_layers
 
 
 @dataclass(frozen=True)

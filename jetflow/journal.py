@@ -19,8 +19,8 @@ import torch
 import transformers
 
 from jetflow.util import jsonl
-from jetflow.metrics import RoundStat
-from jetflow.target import Target
+from jetflow.engine.metrics import RoundStat
+from jetflow.engine.target import Target
 
 
 @dataclass

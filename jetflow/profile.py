@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from jetflow.util.flags import option
-from jetflow.tree import AcceptanceProfile
+from jetflow.engine.tree import AcceptanceProfile
 
 PROFILE_FILE = "acceptance_profile.json"
 # head log-prob bin edges (the first bin is everything below -12): finer where the accepted mass is
@@ -291,7 +291,7 @@ def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     from jetflow.util.paths import shipped_head_dir
     from jetflow.provenance import environment
     from jetflow.replay import Trace
-    from jetflow.target import load_target
+    from jetflow.engine.target import load_target
     out = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
     target = load_target(None, dtype="float32")
     if cfg.data:
@@ -356,7 +356,7 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     from jetflow.util.paths import shipped_head_dir
     from jetflow.provenance import environment
     from jetflow.replay import ar_traces, trace_cache
-    from jetflow.target import load_target
+    from jetflow.engine.target import load_target
     target = load_target(None, dtype="float32")
     proposer = make_proposer("jetflow", target, draft_dtype=torch.float32)
     corrected = proposer.correction is not None

@@ -21,7 +21,7 @@ from jetflow.checkpoint import check_compatible
 from jetflow.correction import PathCorrection, candidates, load_correction, path_table
 from jetflow.head import DraftHead, HeadState
 from jetflow.util.paths import shipped_head_dir
-from jetflow.tree import BUILDERS, AcceptanceProfile, Tree, accum_logp, merge, tree_builder
+from jetflow.engine.tree import BUILDERS, AcceptanceProfile, Tree, accum_logp, merge, tree_builder
 
 
 @dataclass

@@ -32,17 +32,17 @@ from jetflow.util import jsonl
 from . import methods as registry
 from jetflow.bench import BENCHMARKS
 from jetflow.data import DATASETS
-from jetflow.decode import Round, generate
+from jetflow.engine.decode import Round, generate
 from jetflow.util.flags import comma_list, option
-from jetflow.metrics import round_stats
+from jetflow.engine.metrics import round_stats
 from jetflow.budget import CostCurve, load_cost
 from jetflow.proposers import HeadProposer, LookupMerged, make_proposer
 from jetflow.util.paths import shipped_head_dir
 from jetflow.provenance import environment
 from jetflow.report import REPLAY_NOTE, write_rows
 from jetflow.report import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
-from jetflow.tree import BUILDERS, Tree, tree_builder
-from jetflow.verify import greedy_accept
+from jetflow.engine.tree import BUILDERS, Tree, tree_builder
+from jetflow.engine.verify import greedy_accept
 
 
 

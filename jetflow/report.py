@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from jetflow.methods import names
-from jetflow.metrics import predicted_speedups
+from jetflow.engine.metrics import predicted_speedups
 
 from jetflow.util.paths import REPO as ROOT
 README, RESULTS = ROOT / "README.md", ROOT / "data" / "results"

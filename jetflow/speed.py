@@ -32,12 +32,12 @@ from jetflow.util import hardware
 from . import data
 from jetflow.bench import write
 from jetflow.budget import measure_verify_cost
-from jetflow.compiled import QUERY_SIZES, CompileConfig, compile_target
-from jetflow.decode import generate
+from jetflow.engine.compiled import QUERY_SIZES, CompileConfig, compile_target
+from jetflow.engine.decode import generate
 from . import methods as registry
 from jetflow.proposers import LookupMerged, make_proposer
 from jetflow.speed_bounds import PROBES, probe_rows, profile_rows
-from jetflow.target import Target, embedded_gguf, load_target
+from jetflow.engine.target import Target, embedded_gguf, load_target
 
 KINDS = ("setup", "compile", "verify", "draft", "decode", "exactness", "ar-agreement", "profile", "probe")
 

@@ -17,8 +17,8 @@ import gc
 import torch
 
 from jetflow.budget import _time_verify, random_tree
-from jetflow.compiled import QUERY_SIZES, CompileConfig, compile_target
-from jetflow.target import Target, load_target
+from jetflow.engine.compiled import QUERY_SIZES, CompileConfig, compile_target
+from jetflow.engine.target import Target, load_target
 
 LINEARS = ("aten::mm", "aten::addmm", "aten::linear", "mkl::_mkl_linear", "mkldnn::_linear_pointwise",
            "onednn::qlinear_pointwise", "aten::matmul")

@@ -59,12 +59,12 @@ from jetflow.util.paths import portable_path, shell_join
 from jetflow.util.flags import command_args, option
 from jetflow.checkpoint import init_from_target
 from jetflow.head import DraftHead, HeadConfig
-from jetflow.metrics import simulated_tau
+from jetflow.engine.metrics import simulated_tau
 from jetflow.util.hardware import fast_dtype
 from jetflow.objective import (curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets,
                         weighted_ce)
 from jetflow.provenance import write_provenance
-from jetflow.target import DTYPES, load_target
+from jetflow.engine.target import DTYPES, load_target
 from jetflow.taps import CachedTaps, OnlineTaps, cache_for, default_dir, sequence_ids
 
 BUILTIN_INITS = ("target", "random")  # any other ``init`` names a trained head's directory (warm start)

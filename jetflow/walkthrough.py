@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import torch
 
-from jetflow.decode import verify_step
-from jetflow.tree import Tree, ancestor_mask
-from jetflow.verify import sample_accept
+from jetflow.engine.decode import verify_step
+from jetflow.engine.tree import Tree, ancestor_mask
+from jetflow.engine.verify import sample_accept
 
 Decode = Callable[[list[int]], str]
 

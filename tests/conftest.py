@@ -5,7 +5,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from fakes import ByteTokenizer, tiny_model
-from jetflow.target import Target, embedded_gguf, load_target
+from jetflow.engine.target import Target, embedded_gguf, load_target
 
 
 def pytest_collection_modifyitems(items):

@@ -22,7 +22,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]  # fakes, and this checkout's jetfl
 from fakes import CharTokenizer, tiny_model  # noqa: E402
 
 from jetflow.util import jsonl  # noqa: E402
-from jetflow.target import Target  # noqa: E402
+from jetflow.engine.target import Target  # noqa: E402
 
 V = 97
 PROMPTS = [{"id": f"p{i}", "prompt": "abcdefgh"[: 3 + i] * (1 + i % 3)} for i in range(6)]

@@ -1,6 +1,6 @@
 """Hand-made rounds shared by the metrics and bench tests."""
-from jetflow.decode import Round
-from jetflow.tree import Tree
+from jetflow.engine.decode import Round
+from jetflow.engine.tree import Tree
 
 
 def rnd(tokens, parents, path, committed) -> Round:

@@ -7,11 +7,12 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from jetflow import bench, metrics, report
+from jetflow import bench, report
+from jetflow.engine import metrics
 from metrics_cases import HAND_ROUNDS
-from jetflow.decode import Round
+from jetflow.engine.decode import Round
 from jetflow.proposers import LookupProposer
-from jetflow.target import Target
+from jetflow.engine.target import Target
 
 PROMPTS = {"math": [{"id": "m0", "prompt": "one two one two one"}, {"id": "m1", "prompt": "abc abc abc"}],
            "chat": [{"id": "c0", "prompt": "hello there"}]}

@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from jetflow import budget
-from jetflow.target import Target
+from jetflow.engine.target import Target
 
 SIZES = (1, 16, 32, 64, 128, 256)
 CANDIDATES = (7, 15, 31, 63, 127, 255)

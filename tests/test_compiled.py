@@ -8,12 +8,12 @@ import torch
 from transformers import DynamicCache
 
 from fakes import ByteTokenizer, tiny_model
-from jetflow.compiled import CompileConfig, CompiledHeadProposer, StaticKV, compile_target, padded_mask
-from jetflow.decode import generate
+from jetflow.engine.compiled import CompileConfig, CompiledHeadProposer, StaticKV, compile_target, padded_mask
+from jetflow.engine.decode import generate
 from jetflow.proposers import HeadProposer, LookupMerged, LookupProposer, OracleProposer, RandomProposer
-from jetflow.target import Target, keep_path
-from jetflow.tree import Tree
-from jetflow.verify import tree_attention_mask
+from jetflow.engine.target import Target, keep_path
+from jetflow.engine.tree import Tree
+from jetflow.engine.verify import tree_attention_mask
 
 from test_decode import PROMPTS, exact_prefix_probs, hf_greedy
 from test_decode import test_sampling_matches_target_distribution as eager_distribution_test

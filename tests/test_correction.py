@@ -12,10 +12,10 @@ import jetflow.replay as rp
 from jetflow.correction import (PathCorrection, CorrectionConfig, candidates, corrected_logp, load_correction,
                                 path_table, random_correction)
 from jetflow.correction_train import CorrectionTrainConfig, batch_logp, examples, fit, sequence_features
-from jetflow.decode import generate
+from jetflow.engine.decode import generate
 from jetflow.proposers import HeadProposer, LookupMerged, make_proposer
 from jetflow.train import TrainConfig, build_head
-from jetflow.tree import best_prefix, path_prefix, path_tail_prefix, tree_builder
+from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix, tree_builder
 
 
 def random_tables(depths, vocab, c, seed):

@@ -304,7 +304,7 @@ def test_left_pad():
 def tiny_target():
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from jetflow.target import Target, embedded_gguf
+    from jetflow.engine.target import Target, embedded_gguf
 
     gguf = embedded_gguf()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

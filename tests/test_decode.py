@@ -7,9 +7,9 @@ import torch
 from scipy.stats import chisquare
 
 from fakes import ByteTokenizer, tiny_model
-from jetflow.decode import generate
+from jetflow.engine.decode import generate
 from jetflow.proposers import LookupProposer, OracleProposer, RandomProposer
-from jetflow.target import Target
+from jetflow.engine.target import Target
 
 PROMPTS = [[1, 400, 401, 402, 403, 400, 401], [5, 17, 900, 33, 17, 900, 33, 17], [7, 7, 7, 8]]
 NEW = 24

@@ -9,7 +9,7 @@ import torch
 from fakes import tiny_model
 from jetflow import demo
 from jetflow.cli import main
-from jetflow.target import Target
+from jetflow.engine.target import Target
 
 
 @pytest.mark.slow

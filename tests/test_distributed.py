@@ -38,7 +38,7 @@ from safetensors.torch import load_file
 
 from fakes import tiny_model
 from jetflow import train as train_mod  # check_launch, _is_main and their variables
-from jetflow.target import load_target
+from jetflow.engine.target import load_target
 from jetflow.taps import build
 from jetflow.train import TrainConfig, build_head, train
 

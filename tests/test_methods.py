@@ -1,5 +1,5 @@
 """Tests for jetflow/methods.py: the method registry and what derives from it (proposers, CLI, docstring),
-and the tree-builder registry of jetflow/tree.py."""
+and the tree-builder registry of jetflow/engine/tree.py."""
 import pytest
 import torch
 
@@ -8,7 +8,7 @@ from jetflow import methods, report
 from jetflow.cli import build_parser
 from jetflow.proposers import HeadProposer, LookupMerged, LookupProposer, RandomProposer, make_proposer
 from jetflow.train import TrainConfig, build_head
-from jetflow.tree import BUILDERS, accum_logp, chain, tree_builder
+from jetflow.engine.tree import BUILDERS, accum_logp, chain, tree_builder
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
-"""Tests for jetflow/metrics.py: the row statistics on hand-made rounds (nothing decoded)."""
+"""Tests for jetflow/engine/metrics.py: the row statistics on hand-made rounds (nothing decoded)."""
 import pytest
 
-from jetflow import metrics
+from jetflow.engine import metrics
 from jetflow.journal import PromptRun
 from metrics_cases import HAND_ROUNDS, rnd
 
@@ -53,7 +53,7 @@ def test_simulated_tau_formula():
 
 
 def test_decode_result_and_rows_share_one_tau():
-    from jetflow.decode import Result
+    from jetflow.engine.decode import Result
     assert Result([1], [6, 7, 9], "", HAND_ROUNDS).tau == metrics.tau(HAND_ROUNDS) == 7 / 4
     assert Result([1], [6], "").tau == 0.0  # no round: nothing to average
 

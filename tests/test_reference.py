@@ -21,11 +21,11 @@ from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from fakes import ByteTokenizer
-from jetflow.decode import generate
+from jetflow.engine.decode import generate
 from jetflow.head import DraftHead, HeadConfig, block_mask
 from jetflow.proposers import make_proposer
 from jetflow.util.paths import shipped_head_dir
-from jetflow.target import Target
+from jetflow.engine.target import Target
 from test_checkpoint import QWEN3_8B, QWEN3_30B_A3B
 
 if importlib.util.find_spec("dflash") is None:  # skip only when absent; a broken install fails below

@@ -8,20 +8,20 @@ from dataclasses import replace
 import pytest
 
 import jetflow.data as data_mod
-import jetflow.target
+import jetflow.engine.target
 from jetflow.util import jsonl
 from jetflow.cli import RegenerateConfig, build_parser, chunk_files, main, regenerate_command
 from jetflow.data import TRAINING_SOURCES, _training_pool, chunk, load_regenerated, training_pool
 from jetflow.util.paths import data_dir
 from jetflow.util.flags import given
-from jetflow.target import Target
+from jetflow.engine.target import Target
 from fakes import CharTokenizer, tiny_model
 
 
 @pytest.fixture
 def tiny(monkeypatch):
     target = Target(tiny_model("llama", 61, seed=2), CharTokenizer(61), "tiny-char")
-    monkeypatch.setattr(jetflow.target, "load_target", lambda *a, **k: target)
+    monkeypatch.setattr(jetflow.engine.target, "load_target", lambda *a, **k: target)
     monkeypatch.setenv("JETFLOW_DATA_DIR", "fixtures")
     return target
 

@@ -19,13 +19,13 @@ from jetflow import bench
 from jetflow.util import checks, jsonl
 from jetflow.cli import main
 from jetflow.data import load_regenerated, regenerate
-from jetflow.decode import generate
+from jetflow.engine.decode import generate
 from jetflow.head import DraftHead, HeadConfig
-from jetflow.target import Target, check_supported
+from jetflow.engine.target import Target, check_supported
 from jetflow.util.flags import parse_set
 from jetflow.train import TrainConfig, _swap_in, check_out
-from jetflow.tree import Tree
-from jetflow.verify import sample_accept
+from jetflow.engine.tree import Tree
+from jetflow.engine.verify import sample_accept
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -75,7 +75,7 @@ def test_full_attention_targets_pass(build):
 
 
 def test_load_target_refuses_a_sliding_window_checkpoint(tmp_path, gguf_tokenizer):
-    from jetflow.target import load_target
+    from jetflow.engine.target import load_target
     T.MistralForCausalLM(T.MistralConfig(sliding_window=4, **(COMMON | {"vocab_size": len(gguf_tokenizer)}))
                          ).save_pretrained(tmp_path)
     gguf_tokenizer.save_pretrained(tmp_path)
@@ -350,8 +350,8 @@ def test_every_bad_input_is_tested(tmp_path, head_dir):
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_bad_input_is_one_error_line_and_exit_2(case, tmp_path, head_dir, offline, capsys, monkeypatch):
-    import jetflow.target
-    monkeypatch.setattr(jetflow.target, "_load", lambda *a: pytest.fail("a model was loaded"))
+    import jetflow.engine.target
+    monkeypatch.setattr(jetflow.engine.target, "_load", lambda *a: pytest.fail("a model was loaded"))
     argv, message = _bad_inputs(tmp_path, head_dir)[case]
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     assert main(argv) == 2

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from jetflow.cli import main
-from jetflow.decode import generate
+from jetflow.engine.decode import generate
 from jetflow.proposers import OracleProposer, make_proposer
 
 PROMPTS = [

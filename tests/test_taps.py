@@ -10,7 +10,7 @@ import torch
 from jetflow.cli import main
 from jetflow.data import data_files
 from jetflow.head import DraftHead
-from jetflow.target import Target
+from jetflow.engine.target import Target
 from jetflow.taps import CachedTaps, OnlineTaps, build, build_all, cache_for, sequence_ids
 from jetflow.train import BlockForward, TrainConfig, build_head, sequence_loss, train
 from fakes import ByteTokenizer, tiny_model
@@ -319,7 +319,7 @@ def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target
     refused with the command that builds it."""
     import jetflow.profile
     import jetflow.proposers
-    import jetflow.target
+    import jetflow.engine.target
     from jetflow.correction import load_correction
     from jetflow.correction_train import CorrectionTrainConfig, train_correction
     from jetflow.proposers import HeadProposer
@@ -329,7 +329,7 @@ def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target
     proposer = HeadProposer(head, target, "best_prefix")
     monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path))  # the data lies in the cache folder
     monkeypatch.setattr(jetflow.profile, "heldout_prompts", lambda n, **kw: [{"id": "src1:1-1"}])
-    monkeypatch.setattr(jetflow.target, "load_target", lambda *a, **kw: target)
+    monkeypatch.setattr(jetflow.engine.target, "load_target", lambda *a, **kw: target)
     monkeypatch.setattr(jetflow.proposers, "make_proposer", lambda *a, **kw: proposer)
     files = data_files(folder)
     build_all(target, files, [cache_for(tmp_path / "taps", f, True) for f in files], layers=proposer.taps,

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from jetflow.target import decoder_taps
+from jetflow.engine.target import decoder_taps
 
 
 def whole_pass(decoder, ids, taps):

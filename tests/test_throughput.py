@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from jetflow.cli import main
-from jetflow.target import Target
+from jetflow.engine.target import Target
 from jetflow.throughput import SOURCES, ThroughputConfig, measure, to_markdown
 from jetflow.train import TrainConfig, head_compute
 from fakes import CharTokenizer, tiny_model

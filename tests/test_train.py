@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from jetflow.cli import build_parser, main
 from jetflow.cli import train_config
 from jetflow.head import DraftHead
-from jetflow.target import Target
-from jetflow.metrics import simulated_tau
+from jetflow.engine.target import Target
+from jetflow.engine.metrics import simulated_tau
 from jetflow import objective
 from jetflow.objective import (curriculum_weights, depth_accuracy, depth_weights, masked_mean, slot_losses, slot_targets,
                                weighted_ce)

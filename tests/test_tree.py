@@ -6,7 +6,7 @@ import torch
 
 from fakes import random_profile
 
-from jetflow.tree import (AcceptanceProfile, Tree, accum_logp, ancestor_mask, best_prefix, calibrated_prefix, chain,
+from jetflow.engine.tree import (AcceptanceProfile, Tree, accum_logp, ancestor_mask, best_prefix, calibrated_prefix, chain,
                           merge, positions, profile_caps, profile_prefix, top2gap)
 
 

@@ -8,10 +8,10 @@ import torch
 from fakes import random_profile
 from jetflow import replay as rp
 from jetflow.budget import COST_FILE, CostCurve, load_cost, save_cost
-from jetflow.decode import generate
+from jetflow.engine.decode import generate
 from jetflow.proposers import HeadProposer, LookupMerged, make_proposer
 from jetflow.train import TrainConfig, build_head
-from jetflow.tree import BUILDERS, calibrated_prefix, calibrated_stop, stop_size
+from jetflow.engine.tree import BUILDERS, calibrated_prefix, calibrated_stop, stop_size
 
 # verify cost in AR steps, flat then linear (the shape measured on a CPU)
 CURVE = CostCurve({1: 1.0, 8: 1.3, 32: 2.0, 128: 5.0, 256: 9.0}, draft=0.3)

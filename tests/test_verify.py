@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from jetflow.tree import Tree
-from jetflow.verify import greedy_accept, kept_positions, sample_accept, tree_attention_mask
+from jetflow.engine.tree import Tree
+from jetflow.engine.verify import greedy_accept, kept_positions, sample_accept, tree_attention_mask
 
 from test_tree import random_tree, ref_ancestors
 
@@ -75,7 +75,7 @@ def test_kept_positions():
 @pytest.mark.parametrize("path", [[0], [0, 1, 2], [0, 2, 5], [0, 3], []])
 def test_keep_path_keeps_the_prefix_and_the_accepted_rows_in_order(path):
     from transformers import DynamicCache, LlamaConfig
-    from jetflow.target import keep_path
+    from jetflow.engine.target import keep_path
     cache = DynamicCache(config=LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
     rows = torch.arange(9, dtype=torch.float32)[None, None, :, None].expand(1, 1, 9, 2).contiguous()
     for i in range(2):

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from jetflow import viz
-from jetflow.decode import Result, Round
-from jetflow.tree import Tree, accum_logp, ancestor_mask, best_prefix
+from jetflow.engine.decode import Result, Round
+from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix
 
 # node:   0     1    2    3    4    5    6           0 root
 # token: 10    11   12   13   14   15   16          ├─1 ── 3 ── 5

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from jetflow import walkthrough as wt
-from jetflow.decode import Round, generate
+from jetflow.engine.decode import Round, generate
 from jetflow.proposers import LookupProposer, RandomProposer
-from jetflow.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
+from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
 
 THE, CAT, A, SAT, DOG = 1, 2, 3, 4, 5
 
@@ -79,7 +79,7 @@ def test_sample_match_first_token_follows_the_target(small_vocab_target):
     tree = RandomProposer(6, depths=3, width=3).propose(RandomProposer(6).start(ids), [1, 2, 3], None, 6)
     cache = small_vocab_target.new_cache()
     small_vocab_target.forward(ids[:-1], cache)
-    from jetflow.decode import verify_step
+    from jetflow.engine.decode import verify_step
     _, step = verify_step(small_vocab_target, tree, cache, ())
     got = wt.sample_match(tree, step.logits, 1.0, 4000, seed=0)
     expected = torch.softmax(step.logits[0], -1)

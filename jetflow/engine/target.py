@@ -175,7 +175,7 @@ def keep_path(cache: DynamicCache, past_len: int, path: list[int]) -> None:
 
     Keeps the rows ``verify.kept_positions(past_len, path)``, moving only the accepted ones: a
     contiguous path (plain AR, an accepted chain prefix) is a crop that copies nothing. A cache that
-    compacts itself (the compiled target's static cache, ``jetflow.compiled.StaticKV``) does so."""
+    compacts itself (the compiled target's static cache, ``jetflow.engine.compiled.StaticKV``) does so."""
     if hasattr(cache, "keep_path"):
         return cache.keep_path(past_len, path)
     n = len(path)
@@ -242,7 +242,7 @@ def _load(name: str | None, dtype: str, device: str | None) -> Target:
 
 @functools.lru_cache(maxsize=4)
 def _load_compiled(name: str | None, dtype: str, device: str | None) -> Target:
-    from jetflow.compiled import compile_target  # compiled.py builds on this module
+    from .compiled import compile_target  # compiled.py builds on this module
     return compile_target(_load(name, dtype, device))
 
 
@@ -250,7 +250,7 @@ def load_target(name: str | None = None, *, dtype: str = "float32", device: str 
                 chat_kwargs: dict | None = None, compile: bool = False) -> Target:
     """Load (once per process) the target: None = the embedded SmolLM2-135M-Instruct GGUF,
     otherwise a hub id or a local directory. ``chat_kwargs`` go to the chat template
-    (e.g. ``{"enable_thinking": False}`` for Qwen3). ``compile=True``: a ``jetflow.compiled.CompiledTarget``
+    (e.g. ``{"enable_thinking": False}`` for Qwen3). ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget``
     (torch.compile over a static cache; graphs compile on first use, see docs/compiled.md)."""
     load = _load_compiled if compile else _load
     return replace(load(name, dtype, device), chat_kwargs=dict(chat_kwargs or {}))

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jetflow.metrics import tau
-from jetflow.target import Target, check_supported, keep_path
-from jetflow.tree import Tree
-from jetflow.verify import greedy_accept, sample_accept, tree_attention_mask
+from .metrics import tau
+from .target import Target, check_supported, keep_path
+from .tree import Tree
+from .verify import greedy_accept, sample_accept, tree_attention_mask
 
 
 @dataclass

@@ -1,13 +1,13 @@
 """Lossless tree verification (docs/method.md, Verification): masks, acceptance rules, cache compaction.
 
-Pure torch; imports only ``jetflow.tree``. The target forward itself lives in ``decode.py``:
+Pure torch; imports only ``jetflow.engine.tree``. The target forward itself lives in ``decode.py``:
 this module turns a tree into what that forward needs and its logits into an accepted path.
 """
 from __future__ import annotations
 
 import torch
 
-from jetflow.tree import Tree, ancestor_mask
+from .tree import Tree, ancestor_mask
 
 
 def tree_attention_mask(tree: Tree, past_len: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 
 if TYPE_CHECKING:  # for the annotations only: metrics imports no other jetflow module
     from jetflow.journal import PromptRun
-    from jetflow.decode import Round
+    from .decode import Round
 
 
 @dataclass(frozen=True)
