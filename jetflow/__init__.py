@@ -20,7 +20,7 @@ Entry points
   ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree), and beyond the paper
   ``top2gap``, ``calibrated_prefix``, ``profile_prefix`` (the last two read an
   ``AcceptanceProfile``), ``calibrated_stop`` (its per-round budget also reads a ``budget.CostCurve``), taking per-depth log-probs (D, V), and ``path_prefix`` (also the round's path
-  table (D-1, C, C) of ``jetflow.correction``: each parent's own corrected child row);
+  table (D-1, C, C) of ``jetflow.drafting.correction``: each parent's own corrected child row);
   ``merge(first, second, budget)`` (one trie of both);
   ``ancestor_mask(parents) -> (N+1, N+1)``.
 - ``verify``: ``tree_attention_mask``, ``greedy_accept`` and ``sample_accept``
@@ -32,8 +32,8 @@ Entry points
   naming the proposer); temperature must be finite and >= 0; the seeded generator lives on the
   target's device.
 - ``make_proposer(method, target, head=None, draft_dtype=None)``: a proposer for any method of the
-  registry (``jetflow.methods``, listed below; ``ar`` -> None); heads draft in bf16 where that is fast.
-- ``DraftHead`` / ``HeadConfig`` (``jetflow.head``): fused taps -> a few decoder layers with KV
+  registry (``jetflow.drafting.methods``, listed below; ``ar`` -> None); heads draft in bf16 where that is fast.
+- ``DraftHead`` / ``HeadConfig`` (``jetflow.drafting.head``): fused taps -> a few decoder layers with KV
   injection -> the target's frozen ``lm_head`` (optionally only its rows of a K-token draft
   vocabulary, ``head.vocab``); ``draft_logp(...) -> (D, V)``;
   ``save_pretrained`` / ``from_pretrained`` in the published JetSpec/DFlash layout.
@@ -51,19 +51,19 @@ Entry points
   ``jetflow.explorer`` (``TreeExplorer``: draft on demand, two methods side by side, click a node),
   ``jetflow.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
-  ``jetflow.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
+  ``jetflow.drafting.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
   ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
-  ``jetflow.viz_trees`` (its figures), ``jetflow.correction`` (the path-conditioned correction:
+  ``jetflow.viz_trees`` (its figures), ``jetflow.drafting.correction`` (the path-conditioned correction:
   ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.correction_train``), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
   ``python -m jetflow.speed --out DIR``).
 
-Methods (``jetflow.methods``, in report order):
+Methods (``jetflow.drafting.methods``, in report order):
 {methods}
 """
 from jetflow.engine.decode import Result, Round, generate
-from jetflow.methods import describe as _describe_methods
+from jetflow.drafting.methods import describe as _describe_methods
 from jetflow.notebook import notebook_setup
-from jetflow.proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
+from jetflow.drafting.proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
 from jetflow.engine.target import Target, load_target
 from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
 

@@ -23,7 +23,7 @@ not there yet (``jetflow.journal``).
 ``run_auto`` picks each tree method's budget with ``budget.py`` first. A ``BenchConfig`` is one whole
 setup and ``PRESETS`` name some (``cpu``, ``qwen3-8b``): ``BenchConfig.from_name`` -> ``prompt_sets`` ->
 ``run_settings`` is the CLI path (``resolve_preset`` gives the same config as a dict). Which methods take a
-budget or run transformers' own generate comes from the method registry (``jetflow.methods``); the row
+budget or run transformers' own generate comes from the method registry (``jetflow.drafting.methods``); the row
 statistics are ``jetflow.engine.metrics`` and the tables ``jetflow.report``.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from jetflow.util import jsonl
 from . import data
-from . import methods as registry
+from jetflow.drafting import methods as registry
 from jetflow.data import DATASETS
 from jetflow.engine.decode import check_temperature, generate
 from jetflow.util.flags import comma_list, option
@@ -51,7 +51,7 @@ from jetflow.report import CHAIN_NOTE, HF_NOTE
 from jetflow.report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
 from jetflow.report import write_rows as write
 from jetflow.journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
-from jetflow.proposers import make_proposer
+from jetflow.drafting.proposers import make_proposer
 from jetflow.engine.target import DTYPES, Target
 
 

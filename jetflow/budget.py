@@ -34,7 +34,7 @@ import torch
 from jetflow.engine import metrics
 from jetflow.engine.decode import generate, verify_step
 from jetflow.util.flags import option
-from jetflow.proposers import make_proposer
+from jetflow.drafting.proposers import make_proposer
 from jetflow.engine.target import Target, keep_path
 from jetflow.engine.tree import Tree, accum_logp
 from jetflow.engine.verify import greedy_accept

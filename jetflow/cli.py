@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import methods as registry
+from jetflow.drafting import methods as registry
 from jetflow.util.flags import add_flags, command_line, given, option
 
 EXIT_BAD_INPUT = 2
@@ -130,7 +130,7 @@ def cmd_generate(args) -> int:
     _check_generate_args(args)
     checks.head_dir(args.head, "--head")
     from jetflow.engine.decode import generate
-    from jetflow.proposers import make_proposer
+    from jetflow.drafting.proposers import make_proposer
     from jetflow.engine.target import load_target
     target = load_target(args.model, dtype=args.dtype, compile=args.compile)
     proposer = make_proposer(args.method, target, head=args.head)
@@ -281,7 +281,7 @@ class TapsConfig:
 def cmd_taps(args) -> int:
     from jetflow.util import checks
     from jetflow.data import data_files
-    from jetflow.head import HeadConfig
+    from jetflow.drafting.head import HeadConfig
     from jetflow.engine.target import load_target
     from jetflow.taps import build_all, cache_for, default_dir
     cfg = TapsConfig(**given(args, TapsConfig))
@@ -414,13 +414,13 @@ def add_replay(sub) -> None:
 
 
 def cmd_profile(args) -> int:
-    from jetflow.profile import ProfileConfig, profile_for_head
+    from jetflow.drafting.profile import ProfileConfig, profile_for_head
     print(profile_for_head(ProfileConfig(**given(args, ProfileConfig)), progress=not args.quiet))
     return 0
 
 
 def add_profile(sub) -> None:
-    from jetflow.profile import ProfileConfig
+    from jetflow.drafting.profile import ProfileConfig
     p = sub.add_parser("profile", help="the head's acceptance profile from training prompts")
     add_flags(p, ProfileConfig)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -460,7 +460,7 @@ def add_correction_cost(sub) -> None:
 
 
 def cmd_diagnose(args) -> int:
-    from . import profile
+    from jetflow.drafting import profile
     from jetflow.report import write_rows
     rows = profile.diagnose(profile.DiagnoseConfig(**given(args, profile.DiagnoseConfig)), progress=not args.json)
     if args.out:
@@ -470,7 +470,7 @@ def cmd_diagnose(args) -> int:
 
 
 def add_diagnose(sub) -> None:
-    from jetflow.profile import DiagnoseConfig
+    from jetflow.drafting.profile import DiagnoseConfig
     d = sub.add_parser("diagnose", help="acceptance on and off the argmax spine")
     add_flags(d, DiagnoseConfig)
     _add_output(d)

@@ -1,4 +1,4 @@
-"""Train the path-conditioned correction (``jetflow.correction``) on the regenerated data.
+"""Train the path-conditioned correction (``jetflow.drafting.correction``) on the regenerated data.
 
     python -m jetflow train-correction --max-seqs 800 --epochs 30
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from jetflow.correction import CorrectionConfig, PathCorrection, candidates, corrected_logp
+from jetflow.drafting.correction import CorrectionConfig, PathCorrection, candidates, corrected_logp
 from jetflow.util.flags import command_args, option
 
 REGEN = "~/.cache/jetflow/regen-smollm2-135m-bfloat16-all-256"
@@ -77,7 +77,7 @@ def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int
     (``profile.heldout_prompts``: the diagnosis reads them, so the correction never trains on them) and the
     rows the head's own training held out for its profile (``train --holdout``)."""
     from jetflow.data import load_regenerated
-    from jetflow.profile import head_holdout_ids, heldout_prompts
+    from jetflow.drafting.profile import head_holdout_ids, heldout_prompts
     from jetflow.util.paths import shipped_head_dir
     folder = Path(cfg.data).expanduser()
     files = sorted(folder.glob("part-*.jsonl")) if folder.is_dir() else [folder]
@@ -289,7 +289,7 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     """Features (cached), epochs, then ``correction.safetensors`` + ``correction.json`` in the head folder
     with the command, the data, the held-out history and no machine-local path."""
     from jetflow.util.paths import cache_dir, portable_path, shell_join
-    from jetflow.proposers import make_proposer
+    from jetflow.drafting.proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
     from jetflow.engine.target import load_target
     head_dir = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
@@ -345,7 +345,7 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     from jetflow.data import load_prompts
     from jetflow.engine.decode import verify_step
     from jetflow.engine.target import keep_path
-    from jetflow.proposers import make_proposer
+    from jetflow.drafting.proposers import make_proposer
     from jetflow.provenance import environment
     from jetflow.engine.target import load_target
     from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix

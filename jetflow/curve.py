@@ -196,7 +196,7 @@ def _is_main() -> bool:
 
 
 def _layers(target) -> tuple[int, ...]:
-    from jetflow.head import HeadConfig
+    from jetflow.drafting.head import HeadConfig
     return HeadConfig.for_target(target.config).target_layer_ids  # TrainConfig's 2 draft layers
 
 

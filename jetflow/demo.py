@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from jetflow.util import hardware
 from . import bench
 from jetflow.data import math_prompt
-from jetflow.methods import names
+from jetflow.drafting.methods import names
 from jetflow.engine.metrics import summarize
 from jetflow.provenance import environment
 from jetflow.engine.target import DTYPES, Target, load_target

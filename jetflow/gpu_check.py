@@ -30,12 +30,12 @@ import transformers
 
 from jetflow.engine.decode import generate
 from jetflow.util.hardware import describe
-from jetflow.head import DraftHead, HeadConfig
-from . import methods as registry
+from jetflow.drafting.head import DraftHead, HeadConfig
+from jetflow.drafting import methods as registry
 from jetflow.budget import CostCurve
-from jetflow.correction import random_correction
-from jetflow.profile import Counts
-from jetflow.proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
+from jetflow.drafting.correction import random_correction
+from jetflow.drafting.profile import Counts
+from jetflow.drafting.proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
                         RandomProposer, make_proposer)
 from jetflow.engine.target import Target, keep_path, load_target
 from jetflow.engine.tree import accum_logp

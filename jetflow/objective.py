@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # annotations only
-    from jetflow.head import DraftHead
+    from jetflow.drafting.head import DraftHead
     from jetflow.train import TrainConfig
 
 

@@ -29,14 +29,14 @@ import torch
 from tqdm.auto import tqdm
 
 from jetflow.util import jsonl
-from . import methods as registry
+from jetflow.drafting import methods as registry
 from jetflow.bench import BENCHMARKS
 from jetflow.data import DATASETS
 from jetflow.engine.decode import Round, generate
 from jetflow.util.flags import comma_list, option
 from jetflow.engine.metrics import round_stats
 from jetflow.budget import CostCurve, load_cost
-from jetflow.proposers import HeadProposer, LookupMerged, make_proposer
+from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
 from jetflow.util.paths import shipped_head_dir
 from jetflow.provenance import environment
 from jetflow.report import REPLAY_NOTE, write_rows

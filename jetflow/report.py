@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from jetflow.methods import names
+from jetflow.drafting.methods import names
 from jetflow.engine.metrics import predicted_speedups
 
 from jetflow.util.paths import REPO as ROOT

@@ -48,7 +48,7 @@ class Entry:
         """rows -> the folder's table.md (the subcommand's own table)."""
         from jetflow.correction_train import cost_markdown
         from jetflow.curve import to_markdown as curve_markdown
-        from jetflow.profile import diagnosis_markdown
+        from jetflow.drafting.profile import diagnosis_markdown
         from jetflow.speed import to_markdown as speed_markdown
         from jetflow.throughput import to_markdown as throughput_markdown
         return {"replay": replay_markdown, "diagnose": diagnosis_markdown, "speed": speed_markdown,

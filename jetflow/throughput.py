@@ -54,7 +54,7 @@ def prepare(cfg: ThroughputConfig, target) -> tuple[Path, Path, str]:
     """Regenerate the prompts and cache their taps (both resume). -> (data file, taps folder, prompt source)."""
     from jetflow.data import regenerate, training_prompts
     from jetflow.util.paths import data_dir, source_name
-    from jetflow.head import HeadConfig
+    from jetflow.drafting.head import HeadConfig
     from jetflow.taps import build
     work = _work(cfg, target)
     work.mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,7 @@ def table(rows: list[dict]) -> str:
               f"{c['seqs_per_step']} sequences per step, loss ce, draft vocabulary {c['draft_vocab'] or 'all'}, fp32 "
               f"head weights and AdamW, {r0['dtype']} target, {r0['threads']} thread(s); {c['steps']} timed steps "
               f"per row in {c['rounds']} interleaved rounds. Head step: the compute dtype of the head's matmuls and "
-              f"its attention layout (jetflow.blockwise). {r0['hardware']}; torch {r0['torch']}."]
+              f"its attention layout (jetflow.drafting.blockwise). {r0['hardware']}; torch {r0['torch']}."]
     return "\n".join(lines)
 
 

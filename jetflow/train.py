@@ -20,7 +20,7 @@ bf16 target both give the same loss and weights (tests/test_taps.py). ``data`` m
 file's last ``eval_seqs``, and evaluation runs the target online in either mode. The target runs under
 no_grad and its embedding and lm_head enter the graph detached: only head parameters get gradients.
 A step's head pass runs under ``precision`` (autocast: bf16 matmuls where the device computes bf16
-natively, fp32 master weights, AdamW and loss) and ``attention`` (blockwise on CPU, ``jetflow.blockwise``);
+natively, fp32 master weights, AdamW and loss) and ``attention`` (blockwise on CPU, ``jetflow.drafting.blockwise``);
 with loss ce only the counted slots reach the lm_head (``objective.weighted_ce``). Evaluation runs fp32.
 
 Resume is exact: data order and anchors are pure functions of (seed, data position), and the
@@ -57,8 +57,8 @@ from jetflow.util import jsonl
 from jetflow.data import data_files, is_last_part, load_regenerated
 from jetflow.util.paths import portable_path, shell_join
 from jetflow.util.flags import command_args, option
-from jetflow.checkpoint import init_from_target
-from jetflow.head import DraftHead, HeadConfig
+from jetflow.drafting.checkpoint import init_from_target
+from jetflow.drafting.head import DraftHead, HeadConfig
 from jetflow.engine.metrics import simulated_tau
 from jetflow.util.hardware import fast_dtype
 from jetflow.objective import (curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets,

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from jetflow.head import block_mask as draft_block_mask  # the mask the head really uses, not a copy
+from jetflow.drafting.head import block_mask as draft_block_mask  # the mask the head really uses, not a copy
 from jetflow.engine.tree import Tree, ancestor_mask
 
 CONVENTIONS = ("tau = mean tokens committed per round incl. the bonus token; "

@@ -11,7 +11,7 @@ from jetflow import bench, report
 from jetflow.engine import metrics
 from metrics_cases import HAND_ROUNDS
 from jetflow.engine.decode import Round
-from jetflow.proposers import LookupProposer
+from jetflow.drafting.proposers import LookupProposer
 from jetflow.engine.target import Target
 
 PROMPTS = {"math": [{"id": "m0", "prompt": "one two one two one"}, {"id": "m1", "prompt": "abc abc abc"}],
@@ -180,7 +180,7 @@ def test_journal_refuses_runs_of_another_head(tmp_path):
 
 
 def test_head_fingerprint_follows_the_weights():
-    from jetflow.head import DraftHead, HeadConfig
+    from jetflow.drafting.head import DraftHead, HeadConfig
     head = DraftHead(HeadConfig.for_target(tiny_target().config, num_layers=1, causal=True, block_size=4))
     proposer = type("P", (), {"head": head})()
     before = bench.head_fingerprint(proposer)
@@ -333,7 +333,7 @@ def test_prompt_sets_from_a_prompts_file(tmp_path):
 
 
 def test_budgets_past_max_drafts_share_one_set_of_runs(target, monkeypatch):
-    from jetflow.proposers import LookupProposer
+    from jetflow.drafting.proposers import LookupProposer
 
     capped = LookupProposer(max_len=3, max_matches=1)  # stands in for the dflash chain: at most 3 drafts
     monkeypatch.setattr(bench, "make_proposer", lambda m, t, head=None: capped)

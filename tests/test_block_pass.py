@@ -1,10 +1,10 @@
-"""The one block pass of jetflow/head.py: decoding (one anchor over cached context), replay (every anchor of
+"""The one block pass of jetflow/drafting/head.py: decoding (one anchor over cached context), replay (every anchor of
 an AR answer) and training (every sampled anchor of a sequence) give the same draft log-probs."""
 import pytest
 import torch
 
 from jetflow import replay as rp
-from jetflow.proposers import HeadDraftState, HeadProposer
+from jetflow.drafting.proposers import HeadDraftState, HeadProposer
 from jetflow.train import BlockForward, TrainConfig, block_logits, build_head
 
 

@@ -1,11 +1,11 @@
-"""Tests for jetflow/blockwise.py: the blockwise mask against the diagonal blocks of the packed
+"""Tests for jetflow/drafting/blockwise.py: the blockwise mask against the diagonal blocks of the packed
 ``training_mask`` (and a loop), and blockwise attention against the packed pass: the same head states and
 gradients, causal and bidirectional, with grouped kv heads."""
 import pytest
 import torch
 
-from jetflow.blockwise import blockwise_mask
-from jetflow.head import training_mask
+from jetflow.drafting.blockwise import blockwise_mask
+from jetflow.drafting.head import training_mask
 from test_head import H, N, tiny_head
 
 

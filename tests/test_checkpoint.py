@@ -1,4 +1,4 @@
-"""Tests for jetflow/checkpoint.py: config dialects, refused fields, draft-vocabulary checks, and the
+"""Tests for jetflow/drafting/checkpoint.py: config dialects, refused fields, draft-vocabulary checks, and the
 published head shapes (Qwen3-8B, Qwen3-30B-A3B) built on the meta device."""
 import json
 
@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config
 
-from jetflow import checkpoint, head as head_module
-from jetflow.checkpoint import from_hf_dict, read_causal, read_rope_theta, to_hf_dict
-from jetflow.head import DraftHead, HeadConfig
+from jetflow.drafting import checkpoint, head as head_module
+from jetflow.drafting.checkpoint import from_hf_dict, read_causal, read_rope_theta, to_hf_dict
+from jetflow.drafting.head import DraftHead, HeadConfig
 
 V = 97
 

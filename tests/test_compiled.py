@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from fakes import ByteTokenizer, tiny_model
 from jetflow.engine.compiled import CompileConfig, CompiledHeadProposer, StaticKV, compile_target, padded_mask
 from jetflow.engine.decode import generate
-from jetflow.proposers import HeadProposer, LookupMerged, LookupProposer, OracleProposer, RandomProposer
+from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer, OracleProposer, RandomProposer
 from jetflow.engine.target import Target, keep_path
 from jetflow.engine.tree import Tree
 from jetflow.engine.verify import tree_attention_mask

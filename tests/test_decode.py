@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 from fakes import ByteTokenizer, tiny_model
 from jetflow.engine.decode import generate
-from jetflow.proposers import LookupProposer, OracleProposer, RandomProposer
+from jetflow.drafting.proposers import LookupProposer, OracleProposer, RandomProposer
 from jetflow.engine.target import Target
 
 PROMPTS = [[1, 400, 401, 402, 403, 400, 401], [5, 17, 900, 33, 17, 900, 33, 17], [7, 7, 7, 8]]
@@ -115,7 +115,7 @@ def test_empty_prompt_rejected(tiny_target):
                                      "profile_prefix"])
 def test_head_proposer_is_lossless_in_any_draft_dtype_and_vocabulary(tiny_target, draft_vocab, dtype, builder):
     from fakes import random_profile
-    from jetflow.proposers import HeadProposer
+    from jetflow.drafting.proposers import HeadProposer
     from jetflow.train import TrainConfig, build_head
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
     head = build_head(TrainConfig(block_size=6, draft_vocab=draft_vocab), tiny_target, rows).to(dtype).eval()
@@ -129,7 +129,7 @@ def test_head_proposer_is_lossless_in_any_draft_dtype_and_vocabulary(tiny_target
 
 
 def test_lookup_merged_head_is_lossless_and_drafts_the_lookup_branch(tiny_target):
-    from jetflow.proposers import HeadProposer, LookupMerged, LookupProposer
+    from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer
     from jetflow.train import TrainConfig, build_head
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
     head = build_head(TrainConfig(block_size=6), tiny_target, rows).eval()
@@ -199,7 +199,7 @@ def test_a_bf16_target_leaves_ar_only_at_near_ties():
 def test_sampling_with_a_head_and_lookup_tree_matches_the_target_distribution(small_vocab_target):
     """Sample-and-match over a draft head's trees with prompt-lookup branches merged in (repeated
     sibling tokens included) keeps the target's own distribution."""
-    from jetflow.proposers import HeadProposer, LookupMerged
+    from jetflow.drafting.proposers import HeadProposer, LookupMerged
     from jetflow.train import TrainConfig, build_head
     target, ids, n_samples, temperature = small_vocab_target, [1, 2, 3, 1, 2], 800, 1.0
     head = build_head(TrainConfig(block_size=4, num_layers=1), target).eval()

@@ -286,7 +286,7 @@ def test_the_fsdp_config_selects_fsdp_which_train_refuses(monkeypatch):
     cfg = load_config_from_file(str(CONFIGS / "fsdp.yaml"))
     args, env = launcher_args("fsdp")
     assert args.use_fsdp and env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
-    assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "DecoderLayer"  # the head's layer class (jetflow.head)
+    assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "DecoderLayer"  # the head's layer class (jetflow.drafting.head)
     monkeypatch.setenv("WORLD_SIZE", "8")
     with pytest.raises(ValueError, match="not supported"):  # as the config's header and docs/distributed.md say
         train_mod.check_launch(FakeAccelerator(8, cfg.distributed_type))

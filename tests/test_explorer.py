@@ -6,7 +6,7 @@ import torch
 
 from jetflow import viz
 from jetflow.explorer import ACCEPTED, SIDES, TRACES, TreeExplorer, uses_width, with_width
-from jetflow.proposers import HeadProposer, LookupMerged, LookupProposer
+from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer
 
 pytest.importorskip("anywidget")  # plotly's FigureWidget runs on it
 PROMPT = "the cat sat on the mat, the cat sat on the"

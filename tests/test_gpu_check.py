@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from jetflow import methods as registry
+from jetflow.drafting import methods as registry
 from jetflow import gpu_check
 from jetflow.cli import main
 from jetflow.gpu_check import PUBLISHED, VERIFY_TOKENS, Check, Settings, projection

@@ -1,4 +1,4 @@
-"""Tests for jetflow/head.py: masks vs nested-loop references, KV-cache consistency, training vs
+"""Tests for jetflow/drafting/head.py: masks vs nested-loop references, KV-cache consistency, training vs
 decoding agreement, checkpoints, and initialisation from tiny random Llama / Qwen3 targets."""
 import json
 
@@ -8,7 +8,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from jetflow.head import (DraftHead, HeadConfig, block_mask, block_positions, check_compatible, draft_logp,
+from jetflow.drafting.head import (DraftHead, HeadConfig, block_mask, block_positions, check_compatible, draft_logp,
                           init_from_target, training_mask)
 
 H, V, N = 64, 97, 5

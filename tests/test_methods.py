@@ -1,12 +1,13 @@
-"""Tests for jetflow/methods.py: the method registry and what derives from it (proposers, CLI, docstring),
+"""Tests for jetflow/drafting/methods.py: the method registry and what derives from it (proposers, CLI, docstring),
 and the tree-builder registry of jetflow/engine/tree.py."""
 import pytest
 import torch
 
 import jetflow
-from jetflow import methods, report
+from jetflow.drafting import methods
+from jetflow import report
 from jetflow.cli import build_parser
-from jetflow.proposers import HeadProposer, LookupMerged, LookupProposer, RandomProposer, make_proposer
+from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer, RandomProposer, make_proposer
 from jetflow.train import TrainConfig, build_head
 from jetflow.engine.tree import BUILDERS, accum_logp, chain, tree_builder
 

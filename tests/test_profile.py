@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from jetflow import profile as pf
-from jetflow.proposers import make_proposer
+from jetflow.drafting import profile as pf
+from jetflow.drafting.proposers import make_proposer
 from jetflow.train import TrainConfig, build_head
 
 

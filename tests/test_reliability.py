@@ -20,7 +20,7 @@ from jetflow.util import checks, jsonl
 from jetflow.cli import main
 from jetflow.data import load_regenerated, regenerate
 from jetflow.engine.decode import generate
-from jetflow.head import DraftHead, HeadConfig
+from jetflow.drafting.head import DraftHead, HeadConfig
 from jetflow.engine.target import Target, check_supported
 from jetflow.util.flags import parse_set
 from jetflow.train import TrainConfig, _swap_in, check_out
@@ -142,7 +142,7 @@ def test_seeded_sampling_repeats_and_the_generator_follows_the_device():
 def test_seeded_sampling_on_cuda():
     """A CPU generator with CUDA logits crashed at the first sampled token."""
     target = Target(tiny_model("llama", 50).cuda(), CharTokenizer(50), "tiny")
-    from jetflow.proposers import RandomProposer
+    from jetflow.drafting.proposers import RandomProposer
     a = generate(target, torch.tensor([1, 5, 6]), RandomProposer(50, depths=3, width=2), budget=6,
                  max_new_tokens=8, temperature=1.0, seed=3)
     b = generate(target, torch.tensor([1, 5, 6]), RandomProposer(50, depths=3, width=2), budget=6,

@@ -5,7 +5,7 @@ import torch
 from fakes import random_profile
 from jetflow import replay as rp
 from jetflow.engine.decode import generate
-from jetflow.proposers import HeadProposer, LookupMerged
+from jetflow.drafting.proposers import HeadProposer, LookupMerged
 from jetflow.train import TrainConfig, build_head
 
 EOS = {2}

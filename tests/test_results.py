@@ -8,7 +8,7 @@ from jetflow import results
 from jetflow.bench import BenchConfig
 from jetflow.cli import build_parser, main
 from jetflow.util.flags import given
-from jetflow.profile import DiagnoseConfig
+from jetflow.drafting.profile import DiagnoseConfig
 from jetflow.replay import ReplayConfig
 from jetflow.report import RESULTS
 
@@ -82,7 +82,7 @@ def test_the_entry_reproduces_the_committed_folder(name):
     assert {r["n_prompts"] for r in rows} == {cfg.limit}
     assert {r["dtype"] for r in rows} == {getattr(cfg, "dtype", "float32")}
     if isinstance(cfg, ReplayConfig):  # widths only for the builders that take one
-        from jetflow.methods import method
+        from jetflow.drafting.methods import method
         from jetflow.engine.tree import BUILDERS
         widths = set(cfg.widths) if any("width" in BUILDERS[method(m).builder].options for m in cfg.methods) else set()
         assert {r["width"] for r in rows} - {None} == widths

@@ -6,7 +6,7 @@ import torch
 
 from jetflow.cli import main
 from jetflow.engine.decode import generate
-from jetflow.proposers import OracleProposer, make_proposer
+from jetflow.drafting.proposers import OracleProposer, make_proposer
 
 PROMPTS = [
     "Write a Python function that reverses a list, and show an example call.",

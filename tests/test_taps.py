@@ -9,7 +9,7 @@ import torch
 
 from jetflow.cli import main
 from jetflow.data import data_files
-from jetflow.head import DraftHead
+from jetflow.drafting.head import DraftHead
 from jetflow.engine.target import Target
 from jetflow.taps import CachedTaps, OnlineTaps, build, build_all, cache_for, sequence_ids
 from jetflow.train import BlockForward, TrainConfig, build_head, sequence_loss, train
@@ -261,7 +261,7 @@ def test_cli_taps_missing_data_is_a_clear_error(tmp_path, capsys):
 
 def test_cli_taps_on_the_embedded_target_holds_its_taps(smol, tmp_path):
     """slow: `python -m jetflow taps` on SmolLM2 (fp32 here) stores the bf16 rounding of its taps."""
-    from jetflow.head import HeadConfig
+    from jetflow.drafting.head import HeadConfig
     ids = [smol.encode(text).tolist() for text in ("What is 2 + 3?", "Name a colour.")]
     rows = [{"id": f"chat:{i}", "prompt_ids": p, "response_ids": p[-5:]} for i, p in enumerate(ids)]
     data = write(tmp_path / "regen.jsonl", rows, {"model": smol.name})
@@ -317,20 +317,20 @@ def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target
     """``train-correction --taps cached`` reads each row's taps by its number across the parts (one row of
     part 1 left out shifts the rest) and gives the online path's features and weights; a missing cache is
     refused with the command that builds it."""
-    import jetflow.profile
-    import jetflow.proposers
+    import jetflow.drafting.profile
+    import jetflow.drafting.proposers
     import jetflow.engine.target
-    from jetflow.correction import load_correction
+    from jetflow.drafting.correction import load_correction
     from jetflow.correction_train import CorrectionTrainConfig, train_correction
-    from jetflow.proposers import HeadProposer
+    from jetflow.drafting.proposers import HeadProposer
     head_dir = tmp_path / "head"
     head = build_head(cached_cfg(folder, head_dir), target).eval()
     head_dir.mkdir()
     proposer = HeadProposer(head, target, "best_prefix")
     monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path))  # the data lies in the cache folder
-    monkeypatch.setattr(jetflow.profile, "heldout_prompts", lambda n, **kw: [{"id": "src1:1-1"}])
+    monkeypatch.setattr(jetflow.drafting.profile, "heldout_prompts", lambda n, **kw: [{"id": "src1:1-1"}])
     monkeypatch.setattr(jetflow.engine.target, "load_target", lambda *a, **kw: target)
-    monkeypatch.setattr(jetflow.proposers, "make_proposer", lambda *a, **kw: proposer)
+    monkeypatch.setattr(jetflow.drafting.proposers, "make_proposer", lambda *a, **kw: proposer)
     files = data_files(folder)
     build_all(target, files, [cache_for(tmp_path / "taps", f, True) for f in files], layers=proposer.taps,
               max_len=64, progress=False)

@@ -47,7 +47,7 @@ def test_a_tap_on_the_last_layer_runs_the_whole_decoder(tiny_target):
 
 def test_sequence_taps_of_the_embedded_target_are_unchanged(smol):
     """slow: SmolLM2's head taps (1 and 27 of 30 layers) equal the whole pass's hidden states bit for bit."""
-    from jetflow.head import HeadConfig
+    from jetflow.drafting.head import HeadConfig
     layers = HeadConfig.for_target(smol.config).target_layer_ids
     ids = smol.encode("Name three prime numbers.")
     _, got = smol.sequence_taps(ids, layers, logits=False)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from jetflow.cli import build_parser, main
 from jetflow.cli import train_config
-from jetflow.head import DraftHead
+from jetflow.drafting.head import DraftHead
 from jetflow.engine.target import Target
 from jetflow.engine.metrics import simulated_tau
 from jetflow import objective

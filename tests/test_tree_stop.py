@@ -9,7 +9,7 @@ from fakes import random_profile
 from jetflow import replay as rp
 from jetflow.budget import COST_FILE, CostCurve, load_cost, save_cost
 from jetflow.engine.decode import generate
-from jetflow.proposers import HeadProposer, LookupMerged, make_proposer
+from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
 from jetflow.train import TrainConfig, build_head
 from jetflow.engine.tree import BUILDERS, calibrated_prefix, calibrated_stop, stop_size
 

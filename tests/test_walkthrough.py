@@ -6,7 +6,7 @@ import torch
 
 from jetflow import walkthrough as wt
 from jetflow.engine.decode import Round, generate
-from jetflow.proposers import LookupProposer, RandomProposer
+from jetflow.drafting.proposers import LookupProposer, RandomProposer
 from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
 
 THE, CAT, A, SAT, DOG = 1, 2, 3, 4, 5

@@ -40,8 +40,8 @@ import torch._inductor.config  # the freezing switch (see _frozen)
 import torch.nn.functional as F
 from transformers import StaticCache
 
-from jetflow.head import HeadState, block_positions, training_mask
-from jetflow.proposers import HeadProposer, LookupMerged
+from jetflow.drafting.head import HeadState, block_positions, training_mask
+from jetflow.drafting.proposers import HeadProposer, LookupMerged
 from .target import Step, Target, _cache_argument
 
 QUERY_SIZES = (1, 9, 17, 33, 65, 129, 257)  # AR, then budget + 1 for budgets 8, 16, 32, ...

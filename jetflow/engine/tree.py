@@ -20,7 +20,7 @@ import torch
 
 @dataclass(frozen=True)
 class AcceptanceProfile:
-    """Measured acceptance of the draft nodes, from replayed rounds (``jetflow.profile``). A node is
+    """Measured acceptance of the draft nodes, from replayed rounds (``jetflow.drafting.profile``). A node is
     accepted when the target's greedy continuation passes through it; every rate is conditioned on its
     parent being reached, and split by whether that parent is on the argmax spine (s=0) or off it (s=1)."""
     rank: torch.Tensor        # (2, D, R) float: P(the rank-r token of depth d is accepted | parent reached, s)
@@ -394,7 +394,7 @@ def path_prefix(logp: torch.Tensor, budget: int, root: int, paths: torch.Tensor 
     """Best prefixes under parent-dependent distributions (beyond the paper): each node at depth d-1 gets
     its own depth-d row, so a node's score is its path's corrected log-prob.
 
-    ``paths`` (D-1, C, C) is the round's table (``jetflow.correction.path_table``): [d-2, r, c] = log P(the
+    ``paths`` (D-1, C, C) is the round's table (``jetflow.drafting.correction.path_table``): [d-2, r, c] = log P(the
     c-th of depth d's top-C tokens | its parent is the r-th of depth d-1's); depth 1 reads ``logp``'s top-C.
     Only those C candidates per depth are drafted, unless ``tail``: then each row goes on past them with
     the head's next ranks (up to ``budget``), every such token at its head log-prob plus the row's log

@@ -85,7 +85,7 @@ def head_dir(path: str | os.PathLike | None, name: str) -> None:
         return
     from safetensors import SafetensorError
 
-    from jetflow.head import DraftHead
+    from jetflow.drafting.head import DraftHead
     try:
         DraftHead.from_pretrained(str(path))
     except KeyError as err:

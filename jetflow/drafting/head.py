@@ -13,7 +13,7 @@ many blocks of one sequence in a single pass.
 Dimensions (the package legend): B batch, T context rows, L taps, H hidden, Q block size, D = Q - 1
 depths, A anchors, K draft vocabulary, V vocabulary.
 Checkpoints (the published DFlash/JetSpec layout, its config dialects, loading, ``check_compatible``
-and ``init_from_target``) live in ``jetflow.checkpoint``; ``DraftHead.save_pretrained`` /
+and ``init_from_target``) live in ``jetflow.drafting.checkpoint``; ``DraftHead.save_pretrained`` /
 ``from_pretrained`` and the ``HeadConfig`` dict methods delegate there.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jetflow.blockwise import BlockwiseMask, blockwise_attention, blockwise_mask
+from .blockwise import BlockwiseMask, blockwise_attention, blockwise_mask
 from jetflow.engine.target import tap_layers
 
 
@@ -72,7 +72,7 @@ class HeadConfig:
 
         Default ``mask_token_id``: the largest id that is not EOS/BOS/PAD (normally ``vocab_size - 1``),
         chosen without a tokenizer; the head learns its embedding's meaning during training."""
-        from jetflow.checkpoint import read_rope_theta  # checkpoint.py imports this module
+        from .checkpoint import read_rope_theta  # checkpoint.py imports this module
         c = target_config
         heads = c.num_attention_heads
         if mask_token_id is None:
@@ -88,14 +88,14 @@ class HeadConfig:
                    draft_vocab_size=draft_vocab_size)
 
     def to_hf_dict(self) -> dict:
-        """The published checkpoint config (``jetflow.checkpoint.to_hf_dict``)."""
-        from jetflow.checkpoint import to_hf_dict
+        """The published checkpoint config (``jetflow.drafting.checkpoint.to_hf_dict``)."""
+        from .checkpoint import to_hf_dict
         return to_hf_dict(self)
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "HeadConfig":
-        """Read a published config in any dialect (``jetflow.checkpoint.from_hf_dict``)."""
-        from jetflow.checkpoint import from_hf_dict
+        """Read a published config in any dialect (``jetflow.drafting.checkpoint.from_hf_dict``)."""
+        from .checkpoint import from_hf_dict
         return from_hf_dict(d)
 
 
@@ -309,14 +309,14 @@ class DraftHead(nn.Module):
         return self.blocks(x, anchors, ctx_kv, n, blockwise)
 
     def save_pretrained(self, directory, dtype: torch.dtype = torch.bfloat16) -> Path:
-        """Write ``config.json`` + ``model.safetensors`` (published layout, ``jetflow.checkpoint.save``)."""
-        from jetflow.checkpoint import save
+        """Write ``config.json`` + ``model.safetensors`` (published layout, ``jetflow.drafting.checkpoint.save``)."""
+        from .checkpoint import save
         return save(self, directory, dtype)
 
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str, dtype: torch.dtype = torch.float32) -> "DraftHead":
-        """Load a local directory or hub id in any published dialect (``jetflow.checkpoint.load``)."""
-        from jetflow.checkpoint import load
+        """Load a local directory or hub id in any published dialect (``jetflow.drafting.checkpoint.load``)."""
+        from .checkpoint import load
         return load(path_or_hub_id, dtype)
 
 
@@ -336,8 +336,8 @@ def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.E
 
 
 def __getattr__(name: str):
-    """``check_compatible`` and ``init_from_target`` moved to ``jetflow.checkpoint``; old imports still work."""
+    """``check_compatible`` and ``init_from_target`` moved to ``jetflow.drafting.checkpoint``; old imports still work."""
     if name in ("check_compatible", "init_from_target"):
-        from jetflow import checkpoint
+        from . import checkpoint
         return getattr(checkpoint, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

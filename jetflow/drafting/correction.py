@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jetflow.head import RMSNorm
+from .head import RMSNorm
 
 WEIGHTS_FILE, CONFIG_FILE = "correction.safetensors", "correction.json"
 MIN_CANDIDATES = 32  # a round re-scores min(C, max(32, budget)) candidates per depth (``PathCorrection.table_size``)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from jetflow.proposers import LookupProposer, RandomProposer
+from .proposers import LookupProposer, RandomProposer
 from jetflow.engine.tree import BUILDERS
 
 

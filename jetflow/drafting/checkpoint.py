@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from jetflow.head import DecoderLayer, DraftHead, HeadConfig
+from .head import DecoderLayer, DraftHead, HeadConfig
 from jetflow.engine.target import tap_layers
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from jetflow.checkpoint import check_compatible
-from jetflow.correction import PathCorrection, candidates, load_correction, path_table
-from jetflow.head import DraftHead, HeadState
+from .checkpoint import check_compatible
+from .correction import PathCorrection, candidates, load_correction, path_table
+from .head import DraftHead, HeadState
 from jetflow.util.paths import shipped_head_dir
 from jetflow.engine.tree import BUILDERS, AcceptanceProfile, Tree, accum_logp, merge, tree_builder
 
@@ -144,8 +144,8 @@ class HeadProposer:
 
     The head runs in its own dtype (``head.dtype``); the target's embedding and the lm_head rows of the
     head's draft vocabulary are copied once into that dtype. ``profile`` is the acceptance profile saved
-    beside the head (``jetflow.profile``), for the builders that take one; ``correction`` the path
-    correction saved beside it (``jetflow.correction``), for ``path_prefix``."""
+    beside the head (``jetflow.drafting.profile``), for the builders that take one; ``correction`` the path
+    correction saved beside it (``jetflow.drafting.correction``), for ``path_prefix``."""
     head: torch.nn.Module
     target: object
     builder: str = "accum_logp"
@@ -255,12 +255,12 @@ class LookupMerged:
 
 def make_proposer(method: str, target, *, head: str | None = None, width: int = 7,
                   draft_dtype: torch.dtype | None = None):
-    """Proposer for a registered method (``jetflow.methods``; ``ar`` -> None): a training-free one from
+    """Proposer for a registered method (``jetflow.drafting.methods``; ``ar`` -> None): a training-free one from
     its entry, else its head kind's head (``head``: a directory or hub id, default: the head shipped for
     the embedded target) in ``draft_dtype`` (default: ``default_draft_dtype(target)``) under its tree
     builder, with the acceptance profile and the path correction saved beside the head (if any) and lookup
     branches merged in when the entry says so."""
-    from jetflow.methods import method as entry  # the registry imports the proposer classes above
+    from .methods import method as entry  # the registry imports the proposer classes above
     m = entry(method)
     if m.proposer is not None:
         return m.proposer(target)
@@ -273,7 +273,7 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     draft = draft.to(target.device)
     check_compatible(draft.config, target.config)
     from jetflow.budget import load_cost
-    from jetflow.profile import load_profile
+    from .profile import load_profile
     correction = load_correction(path)
     proposer = HeadProposer(draft, target, m.builder, width, load_profile(path),
                             None if correction is None else correction.to(target.device), load_cost(path))

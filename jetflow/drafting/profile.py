@@ -268,7 +268,7 @@ def diagnosis_markdown(rows: Sequence[dict]) -> str:
                                "the top-32 per depth), by the ranks of that path: spine = all argmax, off_spine = "
                                "not, after_sibling = its last token is not the argmax; (anchors reached). head = causal: the "
                                "head's own rows; corrected: each depth's row re-scored given the true parent "
-                               "(jetflow.correction), ranks among its C candidates\n")
+                               "(jetflow.drafting.correction), ranks among its C candidates\n")
 
 
 def profile_command(cfg: "ProfileConfig") -> str:
@@ -287,7 +287,7 @@ def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     cache), count the causal head's acceptance on them, save the profile beside the head."""
     from jetflow.data import load_regenerated, regenerate
     from jetflow.util.paths import cache_dir
-    from jetflow.proposers import make_proposer
+    from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
     from jetflow.provenance import environment
     from jetflow.replay import Trace
@@ -352,7 +352,7 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     """Diagnosis rows per dataset (AR answers from the replay cache, shipped causal head, fp32); where a
     path correction is saved beside the head, its corrected rows beside the head's own."""
     from jetflow.data import load_prompts
-    from jetflow.proposers import make_proposer
+    from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
     from jetflow.provenance import environment
     from jetflow.replay import ar_traces, trace_cache
