@@ -41,10 +41,10 @@ Entry points
   (CPU model, native bf16, ``fast_dtype()``); ``jetflow.util.jsonl`` (resumable JSON-lines files: one
   torn-last-line rule, one writer lock: the bench journal, replay's AR cache, regeneration output and
   training history all use it, and refuse to resume under settings that would mix data).
-- ``jetflow.data`` (prompts, regeneration), ``jetflow.train`` (training; ``taps="online"|"cached"``),
+- ``jetflow.data.prompts`` (prompts, regeneration), ``jetflow.train`` (training; ``taps="online"|"cached"``),
   ``jetflow.taps`` (the taps cache: ``build`` -> memory-mapped (T, L, H) bf16 shards; ``CachedTaps`` /
   ``OnlineTaps``: ``(row, ids (S,), logits) -> (teacher logits (S, V) | None, taps (S, L, H))``),
-  ``jetflow.packed`` (regenerated ids packed to publish, and back), ``jetflow.throughput`` (training
+  ``jetflow.data.packed`` (regenerated ids packed to publish, and back), ``jetflow.throughput`` (training
   slots/s, cached vs online taps), ``jetflow.bench``
   (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
   ``jetflow.walkthrough`` (one round taken apart: toy table, ✅/❌ rows, round logits, node info, sample-and-match),

@@ -40,9 +40,9 @@ import torch
 from tqdm.auto import tqdm
 
 from jetflow.util import jsonl
-from . import data
+from jetflow.data import prompts as data
 from jetflow.drafting import methods as registry
-from jetflow.data import DATASETS
+from jetflow.data.prompts import DATASETS
 from jetflow.engine.decode import check_temperature, generate
 from jetflow.util.flags import comma_list, option
 from jetflow.engine.metrics import RoundStat, predicted_speedups, summarize
@@ -354,7 +354,7 @@ PRESETS = {
 def prompt_sets(cfg) -> dict[str, list[dict]]:
     """dataset -> prompts of a config (a ``BenchConfig``, its dict, or anything with ``prompts_file``,
     ``limit``, ``datasets`` and ``data_dir``): the prompts file (named by its stem) or the datasets."""
-    from . import data
+    from jetflow.data import prompts as data
     cfg = _config(cfg) if isinstance(cfg, Mapping) else cfg
     if cfg.prompts_file is not None:
         return {Path(cfg.prompts_file).stem: data.load_prompts_file(cfg.prompts_file)[:cfg.limit]}

@@ -214,7 +214,7 @@ def regenerate_command(cfg: RegenerateConfig, out: Path) -> str:
 
 def cmd_regenerate(args) -> int:
     from jetflow.util import checks, jsonl
-    from jetflow.data import chunk, regenerate, training_pool, training_prompts
+    from jetflow.data.prompts import chunk, regenerate, training_pool, training_prompts
     from jetflow.engine.target import load_target
     cfg = RegenerateConfig(**given(args, RegenerateConfig))
     checks.positive(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
@@ -280,7 +280,7 @@ class TapsConfig:
 
 def cmd_taps(args) -> int:
     from jetflow.util import checks
-    from jetflow.data import data_files
+    from jetflow.data.prompts import data_files
     from jetflow.drafting.head import HeadConfig
     from jetflow.engine.target import load_target
     from jetflow.taps import build_all, cache_for, default_dir
@@ -306,7 +306,7 @@ def add_taps(sub) -> None:
 
 def cmd_pack(args) -> int:
     from jetflow.util import checks
-    from jetflow.packed import pack
+    from jetflow.data.packed import pack
     checks.writable_dir(args.out, "--out")
     print(pack(args.data, args.out, args.parts))
     return 0
@@ -314,7 +314,7 @@ def cmd_pack(args) -> int:
 
 def cmd_unpack(args) -> int:
     from jetflow.util import checks
-    from jetflow.packed import unpack
+    from jetflow.data.packed import unpack
     checks.writable_dir(args.out, "--out")
     for path in unpack(args.packed, args.out):
         print(path)

@@ -76,7 +76,7 @@ def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int
     """(the data files, [(row number across the files in order, row)]): the regenerated rows used, minus the held-out training prompts of the acceptance profile
     (``profile.heldout_prompts``: the diagnosis reads them, so the correction never trains on them) and the
     rows the head's own training held out for its profile (``train --holdout``)."""
-    from jetflow.data import load_regenerated
+    from jetflow.data.prompts import load_regenerated
     from jetflow.drafting.profile import head_holdout_ids, heldout_prompts
     from jetflow.util.paths import shipped_head_dir
     folder = Path(cfg.data).expanduser()
@@ -96,7 +96,7 @@ def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int
 def added_rows(ids: list[str], picked: list[int], sources: tuple[str, ...]) -> list[int]:
     """Indices (pool order) of the rows not in ``picked`` whose id's source (the id before its first ':') is one
     of ``sources``; a source that no row has is refused, so a typo does not silently add nothing."""
-    from jetflow.packed import source_of
+    from jetflow.data.packed import source_of
     if not sources:
         return []
     kinds = [source_of(i) for i in ids]
@@ -342,7 +342,7 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     pass of the ``path_prefix`` tree; the correction's cost is the table plus the builder's difference
     (``jetflow-pc``; ``_pcx``: ``jetflow-pcx``), also as a fraction of the verify pass. All timed in one
     process, interleaved."""
-    from jetflow.data import load_prompts
+    from jetflow.data.prompts import load_prompts
     from jetflow.engine.decode import verify_step
     from jetflow.engine.target import keep_path
     from jetflow.drafting.proposers import make_proposer

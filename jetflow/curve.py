@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from jetflow.data import data_files, load_regenerated, part_of
+from jetflow.data.prompts import data_files, load_regenerated, part_of
 from jetflow.util.paths import cache_dir, portable_path
 from jetflow.util.flags import comma_list, option
 

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from jetflow.util import hardware
 from . import bench
-from jetflow.data import math_prompt
+from jetflow.data.prompts import math_prompt
 from jetflow.drafting.methods import names
 from jetflow.engine.metrics import summarize
 from jetflow.provenance import environment

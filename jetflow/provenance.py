@@ -36,7 +36,7 @@ def environment(target) -> dict:
 def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[dict]) -> dict:
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
     from jetflow.util.paths import portable_path
-    from jetflow.data import data_files
+    from jetflow.data.prompts import data_files
     from jetflow.train import command_for, lineage, portable_config  # train.py calls this at the end
     cfg, path = run.cfg, Path(run.cfg.data)
     files = data_files(path, cfg.parts)

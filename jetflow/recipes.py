@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jetflow.util import jsonl
-from . import data
+from jetflow.data import prompts as data
 from jetflow.util import paths
 from jetflow.train import TrainConfig
 

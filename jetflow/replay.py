@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from jetflow.util import jsonl
 from jetflow.drafting import methods as registry
 from jetflow.bench import BENCHMARKS
-from jetflow.data import DATASETS
+from jetflow.data.prompts import DATASETS
 from jetflow.engine.decode import Round, generate
 from jetflow.util.flags import comma_list, option
 from jetflow.engine.metrics import round_stats

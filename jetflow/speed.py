@@ -29,7 +29,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from jetflow.util import hardware
-from . import data
+from jetflow.data import prompts as data
 from jetflow.bench import write
 from jetflow.budget import measure_verify_cost
 from jetflow.engine.compiled import QUERY_SIZES, CompileConfig, compile_target

@@ -80,7 +80,7 @@ def build(target, data: str | Path, *, layers: tuple[int, ...], max_len: int, ou
     rerunning skips the whole shards. A second builder of the same cache is refused (``jsonl.Busy``), or
     with ``wait`` waits for the first and then finds its shards whole; a whole cache is only checked,
     without its lock, so any number of readers may start at once. -> out."""
-    from jetflow.data import load_regenerated
+    from jetflow.data.prompts import load_regenerated
     if max_len < 3 or shard_rows < 1:
         raise ValueError(f"max_len must be >= 3 and shard_rows >= 1, got {max_len}, {shard_rows}")
     data, out = Path(data), Path(out)
@@ -112,7 +112,7 @@ def build(target, data: str | Path, *, layers: tuple[int, ...], max_len: int, ou
 
 def missing_rows(data: str | Path, out: str | Path, shard_rows: int) -> int:
     """Rows of ``data`` not yet in whole shards of ``out`` (one progress bar over several files)."""
-    from jetflow.data import load_regenerated
+    from jetflow.data.prompts import load_regenerated
     n = len(load_regenerated(data))
     return sum(len(range(n)[k * shard_rows:(k + 1) * shard_rows])
                for k in range(-(-n // shard_rows)) if not _shard(Path(out), k)[1].is_file())

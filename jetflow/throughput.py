@@ -52,7 +52,7 @@ def _work(cfg: ThroughputConfig, target) -> Path:
 
 def prepare(cfg: ThroughputConfig, target) -> tuple[Path, Path, str]:
     """Regenerate the prompts and cache their taps (both resume). -> (data file, taps folder, prompt source)."""
-    from jetflow.data import regenerate, training_prompts
+    from jetflow.data.prompts import regenerate, training_prompts
     from jetflow.util.paths import data_dir, source_name
     from jetflow.drafting.head import HeadConfig
     from jetflow.taps import build

@@ -54,7 +54,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from jetflow.util import jsonl
-from jetflow.data import data_files, is_last_part, load_regenerated
+from jetflow.data.prompts import data_files, is_last_part, load_regenerated
 from jetflow.util.paths import portable_path, shell_join
 from jetflow.util.flags import command_args, option
 from jetflow.drafting.checkpoint import init_from_target

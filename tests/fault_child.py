@@ -90,7 +90,7 @@ def run(job: str, out: Path) -> None:
         from jetflow.replay import ar_traces
         ar_traces(t, PROMPTS, 16, dataset="a", cache=out / "ar.jsonl", progress=False)
     elif job == "regenerate":
-        from jetflow.data import regenerate
+        from jetflow.data.prompts import regenerate
         regenerate(t, PROMPTS, out / "regen.jsonl", batch_size=2, max_new_tokens=10, progress=False,
                    settings={"seed": 0})
     elif job == "train":

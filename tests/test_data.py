@@ -1,4 +1,4 @@
-"""Tests for jetflow/data.py: small hand-written JSONL in the offline layout, a tiny random Llama."""
+"""Tests for jetflow/data/prompts.py: small hand-written JSONL in the offline layout, a tiny random Llama."""
 import json
 import logging
 import os
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from jetflow import data
-from jetflow.data import DATASETS, MATH_SUFFIX, left_pad, load_prompts, load_prompts_file, load_regenerated, regenerate, training_prompts, trim_response
+from jetflow.data import prompts as data
+from jetflow.data.prompts import DATASETS, MATH_SUFFIX, left_pad, load_prompts, load_prompts_file, load_regenerated, regenerate, training_prompts, trim_response
 from jetflow.util import paths
 from jetflow.util.paths import cache_dir, data_dir
 
@@ -383,7 +383,7 @@ def test_regenerate_repairs_partial_last_line(tiny_target, tmp_path, monkeypatch
 
 def test_regenerate_skips_long_prompts(tiny_target, tmp_path, caplog):
     limit = len(tiny_target.encode(PROMPTS[2]["prompt"]))
-    with caplog.at_level(logging.WARNING, logger="jetflow.data"):
+    with caplog.at_level(logging.WARNING, logger="jetflow.data.prompts"):
         out = regenerate(tiny_target, PROMPTS, tmp_path / "r.jsonl", max_new_tokens=2, max_prompt_tokens=limit,
                          progress=False)
     assert sorted(r["id"] for r in load_regenerated(out)) == ["p0", "p1", "p2"]

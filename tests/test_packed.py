@@ -1,13 +1,13 @@
-"""Tests for jetflow/packed.py: packing regenerated ids and unpacking them gives the same files byte for
+"""Tests for jetflow/data/packed.py: packing regenerated ids and unpacking them gives the same files byte for
 byte (so training and the taps cache, which identify data by sha256, accept them), with provenance."""
 import json
 
 import numpy as np
 import pytest
 
-from jetflow import packed
+from jetflow.data import packed
 from jetflow.cli import main
-from jetflow.data import load_regenerated
+from jetflow.data.prompts import load_regenerated
 
 
 def rows(k, n=6, vocab=49152):

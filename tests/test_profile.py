@@ -149,7 +149,7 @@ def test_holdout_prompts_are_the_rows_training_kept_out_and_the_head_must_say_so
     """`profile --data` answers the prompts of the rows `train --holdout` never trained on, and refuses a head
     whose provenance does not list exactly them."""
     import json
-    from jetflow.data import training_pool
+    from jetflow.data.prompts import training_pool
     pool = training_pool(data_dir="fixtures")
     rows = [{"id": p["id"], "prompt_ids": [1, 2], "response_ids": [3, 4]} for p in pool[:10]]
     data = tmp_path / "regen.jsonl"
@@ -170,7 +170,7 @@ def test_heldout_traces_answer_the_heads_own_holdout_when_it_has_one(tiny_target
     """The heldout diagnosis of a head trained with --holdout answers the prompts its provenance lists (pool
     order, the first n), greedy and cached where `profile --data` caches them."""
     import json
-    from jetflow.data import training_pool
+    from jetflow.data.prompts import training_pool
     monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path / "cache"))
     pool = training_pool(data_dir="fixtures")
     kept = [p["id"] for p in pool[3:8]]

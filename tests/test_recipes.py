@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from jetflow import data, recipes, viz_train
+from jetflow.data import prompts as data
+from jetflow import recipes, viz_train
 from jetflow.util.paths import shipped_head_dir
 from jetflow.train import command_for, train
 

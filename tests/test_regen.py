@@ -1,4 +1,4 @@
-"""Tests for ``regenerate --n 0 --chunks K`` (jetflow/cli.py, jetflow/data.py) on a tiny random target and
+"""Tests for ``regenerate --n 0 --chunks K`` (jetflow/cli.py, jetflow/data/prompts.py) on a tiny random target and
 the bundled fixtures: the pool is every training source, the parts partition it and nest, each header
 names its part, each part resumes on its own, and the ``.meta.json`` holds the command that remakes it."""
 import json
@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-import jetflow.data as data_mod
+import jetflow.data.prompts as data_mod
 import jetflow.engine.target
 from jetflow.util import jsonl
 from jetflow.cli import RegenerateConfig, build_parser, chunk_files, main, regenerate_command
-from jetflow.data import TRAINING_SOURCES, _training_pool, chunk, load_regenerated, training_pool
+from jetflow.data.prompts import TRAINING_SOURCES, _training_pool, chunk, load_regenerated, training_pool
 from jetflow.util.paths import data_dir
 from jetflow.util.flags import given
 from jetflow.engine.target import Target

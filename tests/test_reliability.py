@@ -18,7 +18,7 @@ from fakes import CharTokenizer, tiny_model
 from jetflow import bench
 from jetflow.util import checks, jsonl
 from jetflow.cli import main
-from jetflow.data import load_regenerated, regenerate
+from jetflow.data.prompts import load_regenerated, regenerate
 from jetflow.engine.decode import generate
 from jetflow.drafting.head import DraftHead, HeadConfig
 from jetflow.engine.target import Target, check_supported

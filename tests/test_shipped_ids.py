@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from jetflow import data, packed
+from jetflow.data import prompts as data, packed
 from jetflow.util import paths
 
 SHIPPED = paths.REPO / "data" / "regen" / "smollm2-135m-bfloat16-all-256"

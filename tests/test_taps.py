@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from jetflow.cli import main
-from jetflow.data import data_files
+from jetflow.data.prompts import data_files
 from jetflow.drafting.head import DraftHead
 from jetflow.engine.target import Target
 from jetflow.taps import CachedTaps, OnlineTaps, build, build_all, cache_for, sequence_ids

@@ -338,6 +338,6 @@ def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.E
 def __getattr__(name: str):
     """``check_compatible`` and ``init_from_target`` moved to ``jetflow.drafting.checkpoint``; old imports still work."""
     if name in ("check_compatible", "init_from_target"):
-        from . import checkpoint
+        from jetflow.drafting import checkpoint
         return getattr(checkpoint, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -154,7 +154,7 @@ def load_profile(folder: str | Path | None) -> AcceptanceProfile | None:
 def heldout_prompts(n: int, *, after: int = 3030, seed: int = 0, data_dir=None) -> list[dict]:
     """``n`` training prompts the shipped heads never saw: ``training_prompts(after + n)`` minus the
     ``after`` they were regenerated from (a larger draw keeps a smaller one's prompts)."""
-    from jetflow.data import training_prompts
+    from jetflow.data.prompts import training_prompts
     seen = {p["id"] for p in training_prompts(after, seed=seed, data_dir=data_dir)}
     return [p for p in training_prompts(after + n, seed=seed, data_dir=data_dir) if p["id"] not in seen]
 
@@ -162,7 +162,7 @@ def heldout_prompts(n: int, *, after: int = 3030, seed: int = 0, data_dir=None) 
 def holdout_prompts(data: str | Path, n: int, *, seed: int = 0, data_dir=None) -> list[dict]:
     """The prompts of the ``n`` rows that ``train --holdout n`` kept out of a head trained on ``data`` (a
     regenerated file, or a chunked folder: rows of its last part), from the training pool of ``seed``."""
-    from jetflow.data import data_files, is_last_part, load_regenerated, training_pool
+    from jetflow.data.prompts import data_files, is_last_part, load_regenerated, training_pool
     from jetflow.train import holdout_rows
     last = data_files(data)[-1]
     if not is_last_part(last):
@@ -285,7 +285,7 @@ def profile_command(cfg: "ProfileConfig") -> str:
 def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     """Answer ``cfg.n`` held-out training prompts greedily (batched, fp32, resumable in the jetflow
     cache), count the causal head's acceptance on them, save the profile beside the head."""
-    from jetflow.data import load_regenerated, regenerate
+    from jetflow.data.prompts import load_regenerated, regenerate
     from jetflow.util.paths import cache_dir
     from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
@@ -330,7 +330,7 @@ def heldout_traces(target, n: int, max_new_tokens: int, data_dir=None, progress:
     """Greedy answers (batched, cached like ``profile``'s) of the first ``n`` held-out training prompts, as
     ``replay.Trace`` rows of dataset ``heldout``: the prompts ``head``'s training held out for its profile
     (``train --holdout``, listed in its provenance) when it did, else the 48 drawn after the first 3030."""
-    from jetflow.data import load_regenerated, regenerate, training_pool
+    from jetflow.data.prompts import load_regenerated, regenerate, training_pool
     from jetflow.util.paths import cache_dir
     from jetflow.replay import Trace
     kept = head_holdout_ids(head) if head is not None else set()
@@ -351,7 +351,7 @@ def heldout_traces(target, n: int, max_new_tokens: int, data_dir=None, progress:
 def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     """Diagnosis rows per dataset (AR answers from the replay cache, shipped causal head, fp32); where a
     path correction is saved beside the head, its corrected rows beside the head's own."""
-    from jetflow.data import load_prompts
+    from jetflow.data.prompts import load_prompts
     from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
     from jetflow.provenance import environment

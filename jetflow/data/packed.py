@@ -69,13 +69,13 @@ def pack_file(path: Path, out: Path) -> dict:
 
 
 def _header_and_rows(path: Path) -> tuple[dict | None, list[dict]]:
-    from jetflow.data import _split_header
+    from .prompts import _split_header
     return _split_header(path, jsonl.read(path, repair=False))
 
 
 def pack(data: str | Path, out: str | Path, parts: int = 0) -> Path:
     """Pack a regenerated file or the first ``parts`` files of a chunked folder into ``out``."""
-    from jetflow.data import data_files
+    from .prompts import data_files
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files = data_files(data, parts)
