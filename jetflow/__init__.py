@@ -41,8 +41,8 @@ Entry points
   (CPU model, native bf16, ``fast_dtype()``); ``jetflow.util.jsonl`` (resumable JSON-lines files: one
   torn-last-line rule, one writer lock: the bench journal, replay's AR cache, regeneration output and
   training history all use it, and refuse to resume under settings that would mix data).
-- ``jetflow.data.prompts`` (prompts, regeneration), ``jetflow.train`` (training; ``taps="online"|"cached"``),
-  ``jetflow.taps`` (the taps cache: ``build`` -> memory-mapped (T, L, H) bf16 shards; ``CachedTaps`` /
+- ``jetflow.data.prompts`` (prompts, regeneration), ``jetflow.training.train`` (training; ``taps="online"|"cached"``),
+  ``jetflow.training.taps`` (the taps cache: ``build`` -> memory-mapped (T, L, H) bf16 shards; ``CachedTaps`` /
   ``OnlineTaps``: ``(row, ids (S,), logits) -> (teacher logits (S, V) | None, taps (S, L, H))``),
   ``jetflow.data.packed`` (regenerated ids packed to publish, and back), ``jetflow.throughput`` (training
   slots/s, cached vs online taps), ``jetflow.bench``
@@ -54,7 +54,7 @@ Entry points
   ``jetflow.drafting.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
   ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
   ``jetflow.viz_trees`` (its figures), ``jetflow.drafting.correction`` (the path-conditioned correction:
-  ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.correction_train``), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
+  ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.training.correction_train``), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
   ``python -m jetflow.speed --out DIR``).
 
 Methods (``jetflow.drafting.methods``, in report order):

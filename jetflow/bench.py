@@ -46,7 +46,7 @@ from jetflow.data.prompts import DATASETS
 from jetflow.engine.decode import check_temperature, generate
 from jetflow.util.flags import comma_list, option
 from jetflow.engine.metrics import RoundStat, predicted_speedups, summarize
-from jetflow.provenance import environment
+from jetflow.training.provenance import environment
 from jetflow.report import CHAIN_NOTE, HF_NOTE
 from jetflow.report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
 from jetflow.report import write_rows as write

@@ -283,7 +283,7 @@ def cmd_taps(args) -> int:
     from jetflow.data.prompts import data_files
     from jetflow.drafting.head import HeadConfig
     from jetflow.engine.target import load_target
-    from jetflow.taps import build_all, cache_for, default_dir
+    from jetflow.training.taps import build_all, cache_for, default_dir
     cfg = TapsConfig(**given(args, TapsConfig))
     checks.positive(num_layers=cfg.num_layers, shard_rows=cfg.shard_rows)
     if cfg.max_len < 3:
@@ -335,13 +335,13 @@ def add_pack(sub) -> None:
 
 def train_config(args):
     """TrainConfig from parsed ``train`` arguments: the preset, then ``--set``, then the named flags."""
-    from jetflow.train import TrainConfig
+    from jetflow.training.train import TrainConfig
     return replace(TrainConfig.from_name(args.preset), **given(args, TrainConfig))
 
 
 def cmd_train(args) -> int:
     from jetflow.util import checks
-    from jetflow.train import train
+    from jetflow.training.train import train
     checks.head_dir(args.init if args.init not in (None, "target", "random") else None, "--init")
     cfg = train_config(args)
     checks.writable_dir(cfg.out, "--out")
@@ -352,7 +352,7 @@ def cmd_train(args) -> int:
 
 
 def add_train(sub) -> None:
-    from jetflow.train import PRESETS, TrainConfig
+    from jetflow.training.train import PRESETS, TrainConfig
     t = sub.add_parser("train", help="train a draft head on regenerated data (resumable)")
     t.add_argument("--preset", default="cpu", help=" | ".join(PRESETS) + " (default: cpu)")
     add_flags(t, TrainConfig, set_flag=True)
@@ -428,13 +428,13 @@ def add_profile(sub) -> None:
 
 
 def cmd_train_correction(args) -> int:
-    from jetflow.correction_train import CorrectionTrainConfig, train_correction
+    from jetflow.training.correction_train import CorrectionTrainConfig, train_correction
     print(train_correction(CorrectionTrainConfig(**given(args, CorrectionTrainConfig)), progress=not args.quiet))
     return 0
 
 
 def add_train_correction(sub) -> None:
-    from jetflow.correction_train import CorrectionTrainConfig
+    from jetflow.training.correction_train import CorrectionTrainConfig
     p = sub.add_parser("train-correction", help="train the path correction beside the causal head")
     add_flags(p, CorrectionTrainConfig)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -442,7 +442,7 @@ def add_train_correction(sub) -> None:
 
 
 def cmd_correction_cost(args) -> int:
-    from jetflow.correction_train import CostConfig, correction_cost, cost_markdown
+    from jetflow.training.correction_train import CostConfig, correction_cost, cost_markdown
     from jetflow.report import write_rows
     rows = correction_cost(CostConfig(**given(args, CostConfig)))
     if args.out:
@@ -452,7 +452,7 @@ def cmd_correction_cost(args) -> int:
 
 
 def add_correction_cost(sub) -> None:
-    from jetflow.correction_train import CostConfig
+    from jetflow.training.correction_train import CostConfig
     c = sub.add_parser("correction-cost", help="the path correction's cost per round")
     add_flags(c, CostConfig)
     _add_output(c)

@@ -101,7 +101,7 @@ def ready(data: str | Path, k: int) -> bool:
 def train_config(cfg: CurveConfig, k: int, head: str, taps_dir: Path):
     """The point's TrainConfig: the one recipe, its data (the first k parts) and its step count; the point
     that reaches the last part holds ``cfg.holdout`` of its rows out (the other points never see that part)."""
-    from jetflow.train import TrainConfig, split_data
+    from jetflow.training.train import TrainConfig, split_data
     last = k >= part_of(data_files(cfg.data)[0])[1]  # k reaches part N-1 of N
     base = TrainConfig.from_name("cpu", data=cfg.data, parts=k, taps="cached", taps_dir=str(taps_dir), loss="ce",
                                  holdout=cfg.holdout if last else 0,
@@ -120,7 +120,7 @@ def point_dir(cfg: CurveConfig, k: int, head: str) -> Path:
 
 def point_config(cfg: CurveConfig, k: int, head: str, target):
     """``train_config`` with the default taps folder of ``target`` (where ``train_point`` caches them)."""
-    from jetflow.taps import default_dir
+    from jetflow.training.taps import default_dir
     return train_config(cfg, k, head, default_dir(cfg.data, target.name, _layers(target)))
 
 
@@ -128,8 +128,8 @@ def train_point(cfg: CurveConfig, k: int, head: str, target, *, progress: bool =
     """Cache the taps of the point's parts, then train (or resume) its head, unless its replay rows are saved
     already. Every process of an ``accelerate launch`` calls this for the same points, in the same order, so
     they train each head together (docs/distributed.md). -> the point's TrainConfig."""
-    from jetflow.taps import build_all, cache_for, default_dir
-    from jetflow.train import train
+    from jetflow.training.taps import build_all, cache_for, default_dir
+    from jetflow.training.train import train
     layers = _layers(target)
     root = default_dir(cfg.data, target.name, layers)
     tcfg = train_config(cfg, k, head, root)
@@ -170,7 +170,7 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
 def saved_rows(cfg: CurveConfig, tcfg) -> list[dict] | None:
     """The point's saved replay rows (``replay.json``) if they answer this config: the same training
     command and every asked (dataset, budget); else None (the point is still to train or to replay)."""
-    from jetflow.train import command_for
+    from jetflow.training.train import command_for
     saved = Path(tcfg.out) / "replay.json"
     if not saved.is_file():
         return None
@@ -191,7 +191,7 @@ def _same_settings(row: dict, cfg: CurveConfig, command: str) -> bool:
 
 def _is_main() -> bool:
     """Whether this process writes the rows: the only one, or the main one of an ``accelerate launch``."""
-    from jetflow.train import _is_main as main
+    from jetflow.training.train import _is_main as main
     return main()
 
 

@@ -38,7 +38,7 @@ from jetflow.engine.metrics import round_stats
 from jetflow.budget import CostCurve, load_cost
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
 from jetflow.util.paths import shipped_head_dir
-from jetflow.provenance import environment
+from jetflow.training.provenance import environment
 from jetflow.report import REPLAY_NOTE, write_rows
 from jetflow.report import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
 from jetflow.engine.tree import BUILDERS, Tree, tree_builder

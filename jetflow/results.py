@@ -46,7 +46,7 @@ class Entry:
     @property
     def renderer(self) -> Callable[[list[dict]], str]:
         """rows -> the folder's table.md (the subcommand's own table)."""
-        from jetflow.correction_train import cost_markdown
+        from jetflow.training.correction_train import cost_markdown
         from jetflow.curve import to_markdown as curve_markdown
         from jetflow.drafting.profile import diagnosis_markdown
         from jetflow.speed import to_markdown as speed_markdown

@@ -5,7 +5,7 @@ the same head, data and batch settings, timed in one run (``python -m jetflow th
     to_markdown(rows)   # one row per taps source, its slots/s and the ratio cached / online
 
 The data is made on the spot: the target regenerates ``prompts`` training prompts (resumable, in the jetflow
-cache) and their taps are cached (``jetflow.taps``); neither is timed. Then both sources train their own
+cache) and their taps are cached (``jetflow.training.taps``); neither is timed. Then both sources train their own
 copy of the same fresh head (same seed), ``steps`` optimiser steps each after one untimed warm-up step,
 interleaved in ``rounds`` blocks so that both share every stretch of machine load. The head's step is
 the training default (``TrainConfig.precision`` and ``attention``, auto: bf16 and blockwise on a CPU
@@ -55,7 +55,7 @@ def prepare(cfg: ThroughputConfig, target) -> tuple[Path, Path, str]:
     from jetflow.data.prompts import regenerate, training_prompts
     from jetflow.util.paths import data_dir, source_name
     from jetflow.drafting.head import HeadConfig
-    from jetflow.taps import build
+    from jetflow.training.taps import build
     work = _work(cfg, target)
     work.mkdir(parents=True, exist_ok=True)
     prompts = training_prompts(cfg.prompts, data_dir=cfg.data_dir)
@@ -69,7 +69,7 @@ def prepare(cfg: ThroughputConfig, target) -> tuple[Path, Path, str]:
 def _run(cfg: ThroughputConfig, target, data: Path, taps: Path, anchors: int, source: str, step: str):
     """A training run (not started) of the cpu preset with the shipped heads' loss and these settings;
     ``step`` "default" (the training default head step) or "reference" (``REFERENCE``)."""
-    from jetflow.train import TrainConfig, setup
+    from jetflow.training.train import TrainConfig, setup
     out = _work(cfg, target) / f"run-{source}-{anchors}-{step}"
     return setup(TrainConfig.from_name(
         "cpu", data=str(data), out=str(out), loss="ce", anchors_per_seq=anchors, seqs_per_step=cfg.seqs_per_step,
@@ -79,7 +79,7 @@ def _run(cfg: ThroughputConfig, target, data: Path, taps: Path, anchors: int, so
 
 def head_step(run) -> str:
     """The head step a run takes, as its table names it: "bfloat16 blockwise", "float32 packed", ..."""
-    from jetflow.train import head_compute
+    from jetflow.training.train import head_compute
     dtype, blockwise = head_compute(run.cfg, run.accelerator.device)
     return f"{str(dtype).removeprefix('torch.')} {'blockwise' if blockwise else 'packed'}"
 
@@ -88,9 +88,9 @@ def measure(cfg: ThroughputConfig, target=None, *, progress: bool = True) -> lis
     """One row per (anchors, taps source, head step): steps, seconds, supervised slots, slots/s and the
     ratio of its slots/s to the online source's (default head step) at the same anchors."""
     from tqdm.auto import tqdm
-    from jetflow.provenance import environment
+    from jetflow.training.provenance import environment
     from jetflow.engine.target import load_target
-    from jetflow.train import train_step
+    from jetflow.training.train import train_step
     if cfg.steps < cfg.rounds or cfg.rounds < 1 or not cfg.anchors:
         raise ValueError(f"need steps >= rounds >= 1 and some anchors, got steps={cfg.steps}, rounds={cfg.rounds}")
     target = target or load_target(None, dtype=cfg.dtype)

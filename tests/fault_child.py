@@ -95,7 +95,7 @@ def run(job: str, out: Path) -> None:
                    settings={"seed": 0})
     elif job == "train":
         import json
-        from jetflow.train import TrainConfig, train
+        from jetflow.training.train import TrainConfig, train
         data = out.parent / "train-data.jsonl"
         g = torch.Generator().manual_seed(0)
         if not data.exists():

@@ -5,7 +5,7 @@ import torch
 
 from jetflow import replay as rp
 from jetflow.drafting.proposers import HeadDraftState, HeadProposer
-from jetflow.train import BlockForward, TrainConfig, block_logits, build_head
+from jetflow.training.train import BlockForward, TrainConfig, block_logits, build_head
 
 
 @pytest.mark.parametrize("causal", [True, False])

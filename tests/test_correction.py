@@ -1,4 +1,4 @@
-"""The path correction (jetflow/drafting/correction.py), its training (jetflow/correction_train.py) and the
+"""The path correction (jetflow/drafting/correction.py), its training (jetflow/training/correction_train.py) and the
 path_prefix builder: slow references, the zero correction, losslessness, replay == decode."""
 import dataclasses
 import itertools
@@ -11,10 +11,10 @@ import torch.nn.functional as F
 import jetflow.replay as rp
 from jetflow.drafting.correction import (PathCorrection, CorrectionConfig, candidates, corrected_logp, load_correction,
                                 path_table, random_correction)
-from jetflow.correction_train import CorrectionTrainConfig, batch_logp, examples, fit, sequence_features
+from jetflow.training.correction_train import CorrectionTrainConfig, batch_logp, examples, fit, sequence_features
 from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
-from jetflow.train import TrainConfig, build_head
+from jetflow.training.train import TrainConfig, build_head
 from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix, tree_builder
 
 
@@ -302,7 +302,7 @@ def test_correction_training_leaves_out_the_profile_prompts_and_the_heads_holdou
     profile (``train --holdout``, listed in its provenance) reach the correction's training rows."""
     import json
     import jetflow.drafting.profile
-    from jetflow.correction_train import training_rows
+    from jetflow.training.correction_train import training_rows
     rows = [{"id": f"gsm8k-train:{i}", "prompt_ids": [1, 2], "response_ids": [3, 4, 5]} for i in range(6)]
     data = tmp_path / "regen.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in [{"settings": {}}] + rows))
@@ -319,7 +319,7 @@ def test_correction_training_leaves_out_the_profile_prompts_and_the_heads_holdou
 
 
 def test_spread_from_leads_with_the_smaller_spread():
-    from jetflow.correction_train import spread_order
+    from jetflow.training.correction_train import spread_order
     assert spread_order(10, 4) == [0, 2, 5, 7]
     assert spread_order(10, 4, first=2) == [0, 5, 2, 7]              # the 2-row spread, then the rest of the 4-row one
     for n, k in ((16_094, 4000), (7, 6), (1000, 998)):
@@ -333,7 +333,7 @@ def test_spread_from_leads_with_the_smaller_spread():
 
 def test_add_sources_appends_the_other_rows_of_those_sources_in_pool_order():
     from jetflow.cli import build_parser
-    from jetflow.correction_train import CorrectionTrainConfig, added_rows
+    from jetflow.training.correction_train import CorrectionTrainConfig, added_rows
     from jetflow.util.flags import given
     ids = ["gsm:1", "chat:a", "code:x", "chat:b", "gsm:2", "chat:c", "other:q"]
     assert added_rows(ids, [0, 3], ("chat",)) == [1, 5]                 # chat:b already picked, not added twice
@@ -348,7 +348,7 @@ def test_add_sources_appends_the_other_rows_of_those_sources_in_pool_order():
 
 def test_train_correction_flags_spread_and_its_command_line():
     from jetflow.cli import build_parser
-    from jetflow.correction_train import CorrectionTrainConfig
+    from jetflow.training.correction_train import CorrectionTrainConfig
     from jetflow.util.flags import command_line, given
     args = build_parser().parse_args(["train-correction", "--max-seqs", "3164", "--spread"])
     cfg = CorrectionTrainConfig(**given(args, CorrectionTrainConfig))

@@ -84,9 +84,9 @@ def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys
         summary(rows, 5)
     # rerunning trains and replays only the points not done yet: here the one whose part has since finished
     import jetflow.replay
-    import jetflow.train
-    trained, real_train = [], jetflow.train.train
-    monkeypatch.setattr(jetflow.train, "train", lambda c, *a, **k: trained.append((c.parts, c.causal)) or real_train(c, *a, **k))
+    import jetflow.training.train
+    trained, real_train = [], jetflow.training.train.train
+    monkeypatch.setattr(jetflow.training.train, "train", lambda c, *a, **k: trained.append((c.parts, c.causal)) or real_train(c, *a, **k))
     assert json.loads(json.dumps(run(cfg, tiny_target, tiny_target, progress=False))) == json.loads(json.dumps(rows))
     assert trained == []
     write_part(folder, 2, 5)  # part 2 of 3 is whole now; --parts 4 still waits
@@ -158,11 +158,11 @@ def test_a_data_parallel_peer_trains_the_points_and_leaves_the_rest_to_the_main_
                                                                                        monkeypatch):
     # under `accelerate launch` every process runs the command: all train each point together (the launch itself is
     # tests/test_distributed.py's), and only the main one loads the fp32 target, replays and writes the rows
-    import jetflow.train
+    import jetflow.training.train
     monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path / "cache"))
     cfg = CurveConfig(out=str(tmp_path / "out"), data=str(folder), work=str(tmp_path / "work"), parts=(1, 2), **SETTINGS)
     trained = []
-    monkeypatch.setattr(jetflow.train, "train", lambda c, *a, **k: trained.append((c.parts, c.causal)))
+    monkeypatch.setattr(jetflow.training.train, "train", lambda c, *a, **k: trained.append((c.parts, c.causal)))
     monkeypatch.setattr(curve, "_is_main", lambda: False)
     assert run(cfg, tiny_target, object(), progress=False) == []  # object(): the fp32 target is never touched
     assert trained == [(1, True), (1, False), (2, True), (2, False)] and not (tmp_path / "out" / "rows.json").exists()

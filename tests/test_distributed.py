@@ -37,10 +37,10 @@ from accelerate.utils.launch import prepare_multi_gpu_env
 from safetensors.torch import load_file
 
 from fakes import tiny_model
-from jetflow import train as train_mod  # check_launch, _is_main and their variables
+from jetflow.training import train as train_mod  # check_launch, _is_main and their variables
 from jetflow.engine.target import load_target
-from jetflow.taps import build
-from jetflow.train import TrainConfig, build_head, train
+from jetflow.training.taps import build
+from jetflow.training.train import TrainConfig, build_head, train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "accelerate"

@@ -6,7 +6,7 @@ import torch
 
 from jetflow.drafting import profile as pf
 from jetflow.drafting.proposers import make_proposer
-from jetflow.train import TrainConfig, build_head
+from jetflow.training.train import TrainConfig, build_head
 
 
 def random_drafts(a, d, k, vocab, seed):

@@ -1,4 +1,4 @@
-"""Tests for jetflow/recipes.py and jetflow/viz_train.py: the full recipe is the shipped head's own
+"""Tests for jetflow/training/recipes.py and jetflow/viz_train.py: the full recipe is the shipped head's own
 (command for command), provenance holds no machine-local path, the smoke recipe runs and resumes."""
 import json
 import re
@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from jetflow.data import prompts as data
-from jetflow import recipes, viz_train
+from jetflow.training import recipes
+from jetflow import viz_train
 from jetflow.util.paths import shipped_head_dir
-from jetflow.train import command_for, train
+from jetflow.training.train import command_for, train
 
 SHIPPED = {kind: json.loads((shipped_head_dir(kind) / "provenance.json").read_text()) for kind in ("jetflow", "dflash")}
 

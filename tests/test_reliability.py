@@ -23,7 +23,7 @@ from jetflow.engine.decode import generate
 from jetflow.drafting.head import DraftHead, HeadConfig
 from jetflow.engine.target import Target, check_supported
 from jetflow.util.flags import parse_set
-from jetflow.train import TrainConfig, _swap_in, check_out
+from jetflow.training.train import TrainConfig, _swap_in, check_out
 from jetflow.engine.tree import Tree
 from jetflow.engine.verify import sample_accept
 

@@ -6,7 +6,7 @@ from fakes import random_profile
 from jetflow import replay as rp
 from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged
-from jetflow.train import TrainConfig, build_head
+from jetflow.training.train import TrainConfig, build_head
 
 EOS = {2}
 D, K = 4, 3

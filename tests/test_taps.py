@@ -1,4 +1,4 @@
-"""Tests for jetflow/taps.py and cached-taps training on a tiny random bf16 Llama target: the cache holds
+"""Tests for jetflow/training/taps.py and cached-taps training on a tiny random bf16 Llama target: the cache holds
 exactly the online taps, resumes per shard, refuses other settings; training on it gives the online
 path's loss and weights, resumes, and reads the first K parts of a chunked folder."""
 import dataclasses
@@ -11,8 +11,8 @@ from jetflow.cli import main
 from jetflow.data.prompts import data_files
 from jetflow.drafting.head import DraftHead
 from jetflow.engine.target import Target
-from jetflow.taps import CachedTaps, OnlineTaps, build, build_all, cache_for, sequence_ids
-from jetflow.train import BlockForward, TrainConfig, build_head, sequence_loss, train
+from jetflow.training.taps import CachedTaps, OnlineTaps, build, build_all, cache_for, sequence_ids
+from jetflow.training.train import BlockForward, TrainConfig, build_head, sequence_loss, train
 from fakes import ByteTokenizer, tiny_model
 
 V = 211
@@ -144,7 +144,7 @@ def test_shared_builders_split_the_files_and_wait_for_the_one_held(target, folde
     holder.start()
     assert ready.wait(30)
     order, real_build = [], build
-    monkeypatch.setattr("jetflow.taps.build", lambda t, f, **kw: order.append((f.name, kw["wait"])) or real_build(t, f, **kw))
+    monkeypatch.setattr("jetflow.training.taps.build", lambda t, f, **kw: order.append((f.name, kw["wait"])) or real_build(t, f, **kw))
     assert build_all(target, files, caches, layers=LAYERS, max_len=20, shard_rows=2, progress=False, share=True,
                      wait=True) == caches
     holder.join(30)
@@ -283,7 +283,7 @@ def whole(folder):
 
 
 def test_holdout_keeps_evenly_spaced_rows_of_the_last_part_out_of_training(target, folder, tmp_path):
-    from jetflow.train import holdout_rows, split_data
+    from jetflow.training.train import holdout_rows, split_data
     cfg = cached_cfg(whole(folder), tmp_path / "run", max_len=32, eval_seqs=2, parts=3, holdout=2)
     split = split_data(cfg)
     assert split.holdout == {10, 12}                           # part 2 holds rows 10..14: its rows 0 and 2
@@ -302,7 +302,7 @@ def test_holdout_keeps_evenly_spaced_rows_of_the_last_part_out_of_training(targe
 
 
 def test_holdout_refuses_a_part_still_growing_or_too_short(folder, tmp_path):
-    from jetflow.train import split_data
+    from jetflow.training.train import split_data
     cfg = cached_cfg(folder, tmp_path / "run", max_len=32, eval_seqs=2, parts=3, holdout=2)
     with pytest.raises(ValueError, match="still being regenerated"):
         split_data(cfg)
@@ -321,7 +321,7 @@ def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target
     import jetflow.drafting.proposers
     import jetflow.engine.target
     from jetflow.drafting.correction import load_correction
-    from jetflow.correction_train import CorrectionTrainConfig, train_correction
+    from jetflow.training.correction_train import CorrectionTrainConfig, train_correction
     from jetflow.drafting.proposers import HeadProposer
     head_dir = tmp_path / "head"
     head = build_head(cached_cfg(folder, head_dir), target).eval()

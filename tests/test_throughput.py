@@ -8,7 +8,7 @@ import torch
 from jetflow.cli import main
 from jetflow.engine.target import Target
 from jetflow.throughput import SOURCES, ThroughputConfig, measure, to_markdown
-from jetflow.train import TrainConfig, head_compute
+from jetflow.training.train import TrainConfig, head_compute
 from fakes import CharTokenizer, tiny_model
 
 

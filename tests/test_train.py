@@ -1,4 +1,4 @@
-"""Tests for jetflow/train.py on a tiny random Llama target: loss pieces against loop references,
+"""Tests for jetflow/training/train.py on a tiny random Llama target: loss pieces against loop references,
 a fixed batch that trains, exact resume, evaluation arithmetic, provenance and the CLI."""
 import dataclasses
 import json
@@ -15,10 +15,10 @@ from jetflow.cli import train_config
 from jetflow.drafting.head import DraftHead
 from jetflow.engine.target import Target
 from jetflow.engine.metrics import simulated_tau
-from jetflow import objective
-from jetflow.objective import (curriculum_weights, depth_accuracy, depth_weights, masked_mean, slot_losses, slot_targets,
+from jetflow.training import objective
+from jetflow.training.objective import (curriculum_weights, depth_accuracy, depth_weights, masked_mean, slot_losses, slot_targets,
                                weighted_ce)
-from jetflow.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, draft_vocabulary, evaluate,
+from jetflow.training.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, draft_vocabulary, evaluate,
                            head_compute, lr_factor, sample_anchors, sequence_loss, train)
 from fakes import ByteTokenizer, tiny_model
 
@@ -189,7 +189,7 @@ def test_bf16_blockwise_step_gives_the_fp32_packed_loss_within_tolerance(target,
 
 
 def test_auto_precision_and_attention_follow_the_device(monkeypatch):
-    import jetflow.train as tr
+    import jetflow.training.train as tr
     auto = TrainConfig()
     monkeypatch.setattr(tr, "fast_dtype", lambda device: ("bfloat16", "native"))
     assert head_compute(auto, "cpu") == (torch.bfloat16, True)

@@ -18,7 +18,7 @@ anchor, which the head already sees: depths 2..D are corrected. Per round, ``pat
 ``tree.path_prefix`` expands nodes by corrected path log-prob from that table (a pure function, so
 replay and decode build the same trees).
 
-Training (``jetflow.correction_train``): teacher forcing on the true previous token, the head and the
+Training (``jetflow.training.correction_train``): teacher forcing on the true previous token, the head and the
 target frozen, cross-entropy against the regenerated token at depth d.
 """
 from __future__ import annotations

@@ -163,7 +163,7 @@ def holdout_prompts(data: str | Path, n: int, *, seed: int = 0, data_dir=None) -
     """The prompts of the ``n`` rows that ``train --holdout n`` kept out of a head trained on ``data`` (a
     regenerated file, or a chunked folder: rows of its last part), from the training pool of ``seed``."""
     from jetflow.data.prompts import data_files, is_last_part, load_regenerated, training_pool
-    from jetflow.train import holdout_rows
+    from jetflow.training.train import holdout_rows
     last = data_files(data)[-1]
     if not is_last_part(last):
         raise ValueError(f"{last} is not the last part of {data} (the rest are still to regenerate); train --holdout "
@@ -289,7 +289,7 @@ def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     from jetflow.util.paths import cache_dir
     from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
-    from jetflow.provenance import environment
+    from jetflow.training.provenance import environment
     from jetflow.replay import Trace
     from jetflow.engine.target import load_target
     out = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
@@ -354,7 +354,7 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     from jetflow.data.prompts import load_prompts
     from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
-    from jetflow.provenance import environment
+    from jetflow.training.provenance import environment
     from jetflow.replay import ar_traces, trace_cache
     from jetflow.engine.target import load_target
     target = load_target(None, dtype="float32")

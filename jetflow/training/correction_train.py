@@ -121,9 +121,9 @@ def spread_order(n: int, k: int, first: int = 0) -> list[int]:
 
 
 def cached_source(cfg: CorrectionTrainConfig, target, files: list[Path], layers: tuple[int, ...]):
-    """The taps cache of ``cfg.data`` (``jetflow.taps.CachedTaps``), refused with one line when it is
+    """The taps cache of ``cfg.data`` (``jetflow.training.taps.CachedTaps``), refused with one line when it is
     missing, incomplete or was built under other settings (target, dtype, layers, data bytes)."""
-    from jetflow.taps import CachedTaps, cache_for, default_dir
+    from .taps import CachedTaps, cache_for, default_dir
     root = Path(cfg.taps_dir).expanduser() if cfg.taps_dir else default_dir(Path(cfg.data).expanduser(), target.name, layers)
     chunked = Path(cfg.data).expanduser().is_dir()
     return CachedTaps.open(target, files, [cache_for(root, f, chunked) for f in files], layers=layers, max_len=3)
@@ -133,15 +133,15 @@ def cached_source(cfg: CorrectionTrainConfig, target, files: list[Path], layers:
 def sequence_features(proposer, row: dict, n_anchors: int, c: int, generator: torch.Generator,
                       max_response: int = 10 ** 9, source=None, number: int = 0) -> dict:
     """One sequence's features (its taps from the target's forward, or ``source(number, ids)``, a taps
-    source of ``jetflow.taps``): hidden (A, D, H) bf16, cand_logp (A, D, C), cand_col (A, D, C) draft
+    source of ``jetflow.training.taps``): hidden (A, D, H) bf16, cand_logp (A, D, C), cand_col (A, D, C) draft
     columns, truth (A, D) token ids (-1 past the end), truth_logp (A, D) the head's log-prob of the truth
     (-inf outside the draft vocabulary), truth_pos (A, D) its index among the candidates (-1: not one)."""
-    from jetflow.train import sample_anchors
+    from .train import sample_anchors
     head, target = proposer.head, proposer.target
     ids = torch.tensor(row["prompt_ids"] + row["response_ids"][:max_response + head.config.block_size])
     p, s, depths = len(row["prompt_ids"]), ids.numel(), head.config.block_size - 1
     anchors = sample_anchors(p, min(s - 1, p + max_response), n_anchors, generator)  # each has depths 1 and 2
-    from jetflow.taps import OnlineTaps
+    from .taps import OnlineTaps
     _, taps = (source or OnlineTaps(target, proposer.taps))(number, ids.to(target.device))
     hidden = head.sequence_blocks(taps.to(head.fc.weight.device), head.block_inputs(ids[anchors], proposer.embed),
                                   anchors).float().cpu()                                  # (A, D, H)
@@ -346,7 +346,7 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     from jetflow.engine.decode import verify_step
     from jetflow.engine.target import keep_path
     from jetflow.drafting.proposers import make_proposer
-    from jetflow.provenance import environment
+    from .provenance import environment
     from jetflow.engine.target import load_target
     from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix
     target = load_target(None, dtype=cfg.dtype)

@@ -28,7 +28,7 @@ from pathlib import Path
 from jetflow.util import jsonl
 from jetflow.data import prompts as data
 from jetflow.util import paths
-from jetflow.train import TrainConfig
+from .train import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import transformers
 from jetflow.util import hardware
 
 if TYPE_CHECKING:
-    from jetflow.train import Progress, TrainingRun
+    from .train import Progress, TrainingRun
 
 TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
             "of the argmax at every depth (a budget of D = Q-1 draft nodes, root excluded)")
@@ -37,7 +37,7 @@ def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[d
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
     from jetflow.util.paths import portable_path
     from jetflow.data.prompts import data_files
-    from jetflow.train import command_for, lineage, portable_config  # train.py calls this at the end
+    from .train import command_for, lineage, portable_config  # train.py calls this at the end
     cfg, path = run.cfg, Path(run.cfg.data)
     files = data_files(path, cfg.parts)
     data = {"file": path.name, "path": portable_path(path), **({"parts": [f.name for f in files]} if path.is_dir() else {}),

@@ -14,7 +14,7 @@ weighs exp(-(k-1)/gamma) (gamma 0 = uniform).
 Where a step's taps come from is ``taps``: ``online`` runs the frozen target over the sequence every step
 (the KL loss needs this: its teacher is the target's whole distribution; GPU users with large targets,
 whose taps would not fit on disk), ``cached`` reads them from the memory-mapped taps cache that
-``python -m jetflow taps`` builds (``jetflow.taps``; loss ce only), so the step is the head's alone; with a
+``python -m jetflow taps`` builds (``jetflow.training.taps``; loss ce only), so the step is the head's alone; with a
 bf16 target both give the same loss and weights (tests/test_taps.py). ``data`` may be a chunked folder
 (``regenerate --chunks K``) and ``parts`` its first K files; the held-out rows are always the first
 file's last ``eval_seqs``, and evaluation runs the target online in either mode. The target runs under
@@ -61,11 +61,11 @@ from jetflow.drafting.checkpoint import init_from_target
 from jetflow.drafting.head import DraftHead, HeadConfig
 from jetflow.engine.metrics import simulated_tau
 from jetflow.util.hardware import fast_dtype
-from jetflow.objective import (curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets,
+from .objective import (curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets,
                         weighted_ce)
-from jetflow.provenance import write_provenance
+from .provenance import write_provenance
 from jetflow.engine.target import DTYPES, load_target
-from jetflow.taps import CachedTaps, OnlineTaps, cache_for, default_dir, sequence_ids
+from .taps import CachedTaps, OnlineTaps, cache_for, default_dir, sequence_ids
 
 BUILTIN_INITS = ("target", "random")  # any other ``init`` names a trained head's directory (warm start)
 PRECISIONS, ATTENTIONS = ("auto", "float32", "bfloat16"), ("auto", "blocks", "packed")
@@ -246,7 +246,7 @@ def sequence_loss(blocks, target, ids, anchors, cfg: TrainConfig, step: int = 0,
     """Depth-weighted loss of all blocks of one sequence, and its number of supervised slots. With a
     draft vocabulary, "ce" skips slots whose token lies outside it and "kl" renormalises the teacher
     over it. ``features`` = (teacher logits (S, V) or None, taps (S, L, H)) of the sequence, from a
-    taps source (``jetflow.taps``); default: the target's forward."""
+    taps source (``jetflow.training.taps``); default: the target's forward."""
     head = _unwrap(blocks).head
     c = head.config
     teacher_logits, taps = features or target.sequence_taps(ids, c.target_layer_ids, logits=cfg.loss == "kl")

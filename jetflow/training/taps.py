@@ -37,7 +37,7 @@ def sequence_ids(row: dict, max_len: int) -> torch.Tensor:
 
 def header_for(target, layers: tuple[int, ...], max_len: int, data: Path, rows: int, shard_rows: int) -> dict:
     """What a cache's taps depend on (compared when it is resumed or read)."""
-    from jetflow.train import data_sha256
+    from .train import data_sha256
     return {"format": FORMAT, "model": target.name, "dtype": str(target.dtype).removeprefix("torch."),
             "tap_layers": list(layers), "hidden": target.config.hidden_size, "max_len": max_len,
             "shard_rows": shard_rows, "rows": rows, "data": data.name, "data_sha256": data_sha256(data)}

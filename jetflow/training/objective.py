@@ -13,7 +13,7 @@ import torch
 
 if TYPE_CHECKING:  # annotations only
     from jetflow.drafting.head import DraftHead
-    from jetflow.train import TrainConfig
+    from .train import TrainConfig
 
 
 def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:
