@@ -45,11 +45,11 @@ Entry points
   ``jetflow.training.taps`` (the taps cache: ``build`` -> memory-mapped (T, L, H) bf16 shards; ``CachedTaps`` /
   ``OnlineTaps``: ``(row, ids (S,), logits) -> (teacher logits (S, V) | None, taps (S, L, H))``),
   ``jetflow.data.packed`` (regenerated ids packed to publish, and back), ``jetflow.throughput`` (training
-  slots/s, cached vs online taps), ``jetflow.bench``
-  (rows of tau/speedup), ``jetflow.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
+  slots/s, cached vs online taps), ``jetflow.evaluation.bench``
+  (rows of tau/speedup), ``jetflow.evaluation.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
   ``jetflow.walkthrough`` (one round taken apart: toy table, ✅/❌ rows, round logits, node info, sample-and-match),
   ``jetflow.explorer`` (``TreeExplorer``: draft on demand, two methods side by side, click a node),
-  ``jetflow.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
+  ``jetflow.evaluation.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
   ``jetflow.drafting.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
   ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and

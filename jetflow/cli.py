@@ -136,7 +136,7 @@ def cmd_generate(args) -> int:
     proposer = make_proposer(args.method, target, head=args.head)
     budget, prediction = args.budget, None
     if budget == "auto":
-        from jetflow.budget import auto_budget
+        from jetflow.evaluation.budget import auto_budget
         budget, prediction = auto_budget(target, args.method, args.prompt, head=args.head)
     res = generate(target, args.prompt, proposer, budget=int(budget), max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, seed=args.seed)
@@ -362,7 +362,7 @@ def add_train(sub) -> None:
 # ----------------------------------------------------------------------------- measuring
 def cmd_bench(args) -> int:
     from jetflow.util import checks
-    from . import bench
+    from jetflow.evaluation import bench
     from jetflow.engine.target import load_target
     cfg = bench.BenchConfig.from_name(args.preset, **given(args, bench.BenchConfig), heads=_heads(args))
     _check_io(args, cfg)
@@ -375,7 +375,7 @@ def cmd_bench(args) -> int:
 
 
 def add_bench(sub) -> None:
-    from jetflow.bench import PRESETS, BenchConfig
+    from jetflow.evaluation.bench import PRESETS, BenchConfig
     b = sub.add_parser("bench", help="tau and speedup tables: methods x datasets x budgets")
     b.add_argument("--preset", default="cpu", help=" or ".join(PRESETS) + " (default: cpu, the embedded target)")
     add_flags(b, BenchConfig)
@@ -387,8 +387,8 @@ def add_bench(sub) -> None:
 
 def cmd_replay(args) -> int:
     from jetflow.util import checks
-    from . import replay
-    from jetflow.bench import prompt_sets
+    from jetflow.evaluation import replay
+    from jetflow.evaluation.bench import prompt_sets
     from jetflow.util.paths import cache_dir
     from jetflow.engine.target import load_target
     cfg = replay.ReplayConfig(**given(args, replay.ReplayConfig), heads=_heads(args))
@@ -405,7 +405,7 @@ def cmd_replay(args) -> int:
 
 
 def add_replay(sub) -> None:
-    from jetflow.replay import ReplayConfig
+    from jetflow.evaluation.replay import ReplayConfig
     r = sub.add_parser("replay", help="exact greedy tau of every tree from one AR decode")
     add_flags(r, ReplayConfig)
     _add_heads(r)
@@ -478,13 +478,13 @@ def add_diagnose(sub) -> None:
 
 
 def cmd_cost(args) -> int:
-    from jetflow.budget import CostConfig, measure_cost
+    from jetflow.evaluation.budget import CostConfig, measure_cost
     print(f"wrote {measure_cost(CostConfig(**given(args, CostConfig)))}")
     return 0
 
 
 def add_cost(sub) -> None:
-    from jetflow.budget import CostConfig
+    from jetflow.evaluation.budget import CostConfig
     c = sub.add_parser("cost", help="the round-cost curve in AR steps, beside a head")
     add_flags(c, CostConfig)
     c.set_defaults(func=cmd_cost)

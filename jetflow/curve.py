@@ -144,7 +144,7 @@ def train_point(cfg: CurveConfig, k: int, head: str, target, *, progress: bool =
 def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, progress: bool = True) -> list[dict]:
     """One point's replay rows: the saved ones (``replay.json``), or its trained head (``train_point``) replayed
     once and saved. -> its rows."""
-    from jetflow.replay import replay
+    from jetflow.evaluation.replay import replay
     tcfg = point_config(cfg, k, head, target)
     out = Path(tcfg.out)
     rows = saved_rows(cfg, tcfg)
@@ -203,8 +203,8 @@ def _layers(target) -> tuple[int, ...]:
 def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = True) -> list[dict]:
     """Every ready point (k ascending, each head), then rows.json, table.md and the plot in ``out``."""
     from jetflow.util import checks
-    from jetflow.bench import prompt_sets
-    from jetflow.replay import ar_traces, trace_cache
+    from jetflow.evaluation.bench import prompt_sets
+    from jetflow.evaluation.replay import ar_traces, trace_cache
     from jetflow.report import write_rows
     from jetflow.engine.target import load_target
     todo = [k for k in sorted(set(cfg.parts)) if ready(cfg.data, k)]

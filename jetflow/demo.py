@@ -7,7 +7,7 @@ The demo decodes a few prompts with plain autoregressive decoding (AR), the pape
 (``jetflow``), prompt lookup alone (``lookup``) and the kit's best methods on a CPU, JetFlow with the path
 correction (``jetflow-pc``) and that with lookup merged in (``jetflow-pc+lookup``), all at budget 16 (see
 docs/results.md), in the fastest dtype of this machine (``hardware.fast_dtype``), methods interleaved
-prompt by prompt exactly as ``jetflow.bench`` does. Its prompts are the kind the kit is for: answers
+prompt by prompt exactly as ``jetflow.evaluation.bench`` does. Its prompts are the kind the kit is for: answers
 that reuse their prompt and themselves (a math word problem, a code edit). It then decodes a short
 prompt in fp32 with every method and says whether each output is identical to AR's: greedy speculative
 decoding is lossless in fp32. In bf16 a many-token verify sums in another order than a one-token AR
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from jetflow.util import hardware
-from . import bench
+from jetflow.evaluation import bench
 from jetflow.data.prompts import math_prompt
 from jetflow.drafting.methods import names
 from jetflow.engine.metrics import summarize

@@ -30,8 +30,8 @@ from tqdm.auto import tqdm
 
 from jetflow.util import hardware
 from jetflow.data import prompts as data
-from jetflow.bench import write
-from jetflow.budget import measure_verify_cost
+from jetflow.evaluation.bench import write
+from jetflow.evaluation.budget import measure_verify_cost
 from jetflow.engine.compiled import QUERY_SIZES, CompileConfig, compile_target
 from jetflow.engine.decode import generate
 from jetflow.drafting import methods as registry

@@ -16,7 +16,7 @@ import gc
 
 import torch
 
-from jetflow.budget import _time_verify, random_tree
+from jetflow.evaluation.budget import _time_verify, random_tree
 from jetflow.engine.compiled import QUERY_SIZES, CompileConfig, compile_target
 from jetflow.engine.target import Target, load_target
 

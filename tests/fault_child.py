@@ -82,12 +82,12 @@ def arm(kill: str | None) -> None:
 def run(job: str, out: Path) -> None:
     t = target()
     if job == "bench":
-        from jetflow import bench
+        from jetflow.evaluation import bench
         rows = bench.run(t, ["ar", "lookup", "random"], {"a": PROMPTS[:3], "b": PROMPTS[3:]}, [4, 8],
                          max_new_tokens=12, progress=False, warmup=False, journal=out / "runs.jsonl")
         bench.write(rows, out)
     elif job == "replay":
-        from jetflow.replay import ar_traces
+        from jetflow.evaluation.replay import ar_traces
         ar_traces(t, PROMPTS, 16, dataset="a", cache=out / "ar.jsonl", progress=False)
     elif job == "regenerate":
         from jetflow.data.prompts import regenerate

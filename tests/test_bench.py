@@ -1,4 +1,4 @@
-"""Tests for jetflow/bench.py: aggregation helpers on hand-made rounds, a small interleaved run on a
+"""Tests for jetflow/evaluation/bench.py: aggregation helpers on hand-made rounds, a small interleaved run on a
 tiny random Llama with a character tokenizer, rendering, and preset wiring (nothing downloaded)."""
 import json
 
@@ -7,7 +7,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from jetflow import bench, report
+from jetflow.evaluation import bench
+from jetflow import report
 from jetflow.engine import metrics
 from metrics_cases import HAND_ROUNDS
 from jetflow.engine.decode import Round
@@ -253,7 +254,7 @@ def test_run_auto_compare_runs_every_candidate_and_flags_the_pick(target):
 
 
 def test_run_auto_calibrates_each_dataset_on_its_own_prompts(target, monkeypatch):
-    from jetflow import budget as bud
+    from jetflow.evaluation import budget as bud
     seen, real = [], bud.calibrate
 
     def spy(target, method, prompts, *args, **kwargs):

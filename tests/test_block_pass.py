@@ -3,7 +3,7 @@ an AR answer) and training (every sampled anchor of a sequence) give the same dr
 import pytest
 import torch
 
-from jetflow import replay as rp
+from jetflow.evaluation import replay as rp
 from jetflow.drafting.proposers import HeadDraftState, HeadProposer
 from jetflow.training.train import BlockForward, TrainConfig, block_logits, build_head
 

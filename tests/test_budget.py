@@ -1,4 +1,4 @@
-"""Tests for jetflow/budget.py: log-space interpolation against hand values, the picker against a
+"""Tests for jetflow/evaluation/budget.py: log-space interpolation against hand values, the picker against a
 brute-force optimum on synthetic curves, and measurement/calibration plumbing on a tiny random Llama."""
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from jetflow import budget
+from jetflow.evaluation import budget
 from jetflow.engine.target import Target
 
 SIZES = (1, 16, 32, 64, 128, 256)

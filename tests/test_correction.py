@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import jetflow.replay as rp
+import jetflow.evaluation.replay as rp
 from jetflow.drafting.correction import (PathCorrection, CorrectionConfig, candidates, corrected_logp, load_correction,
                                 path_table, random_correction)
 from jetflow.training.correction_train import CorrectionTrainConfig, batch_logp, examples, fit, sequence_features

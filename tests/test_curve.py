@@ -83,7 +83,7 @@ def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys
     with pytest.raises(ValueError, match="no row at budget 5"):
         summary(rows, 5)
     # rerunning trains and replays only the points not done yet: here the one whose part has since finished
-    import jetflow.replay
+    import jetflow.evaluation.replay
     import jetflow.training.train
     trained, real_train = [], jetflow.training.train.train
     monkeypatch.setattr(jetflow.training.train, "train", lambda c, *a, **k: trained.append((c.parts, c.causal)) or real_train(c, *a, **k))
@@ -103,8 +103,8 @@ def test_the_curve_end_to_end(tiny_target, folder, tmp_path, monkeypatch, capsys
     # only the point that reaches the last part holds its 2 profile rows out: 45 rows - 16 evaluation - 2
     assert {r["train_sequences"] for r in more if r["parts"] == 3} == {27}
     assert {"--holdout 2" in r["train_command"] for r in more} == {True, False}
-    replayed, real_replay = [], jetflow.replay.replay
-    monkeypatch.setattr(jetflow.replay, "replay", lambda *a, **k: replayed.append(a[3]) or real_replay(*a, **k))
+    replayed, real_replay = [], jetflow.evaluation.replay.replay
+    monkeypatch.setattr(jetflow.evaluation.replay, "replay", lambda *a, **k: replayed.append(a[3]) or real_replay(*a, **k))
     state = tmp_path / "work" / "causal-k1-p1" / "checkpoint" / "train_state.json"  # passes 1: not the default 2
     before = state.stat().st_mtime_ns
     fewer = run(replace(cfg, parts=(1,), budgets=(8,)), tiny_target, tiny_target, progress=False)

@@ -77,7 +77,7 @@ def test_notebook_04_ships_the_ar_answers_it_replays():
     """04's full mode replays the first 20 GSM8K prompts at 256 tokens from these AR answers (its cell checks
     each with a teacher-forced pass); they must be 20 whole traces of those prompts, in order."""
     from jetflow.util import jsonl
-    from jetflow import replay
+    from jetflow.evaluation import replay
 
     path = NOTEBOOKS[0].parent / "data" / "ar-smollm2-135m-gsm8k-20x256.jsonl"
     assert any("notebooks\" / \"data\"" in source(c) and "x{MAX_NEW}.jsonl" in source(c)

@@ -15,7 +15,7 @@ import torch
 import transformers as T
 
 from fakes import CharTokenizer, tiny_model
-from jetflow import bench
+from jetflow.evaluation import bench
 from jetflow.util import checks, jsonl
 from jetflow.cli import main
 from jetflow.data.prompts import load_regenerated, regenerate

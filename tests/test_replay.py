@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from fakes import random_profile
-from jetflow import replay as rp
+from jetflow.evaluation import replay as rp
 from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged
 from jetflow.training.train import TrainConfig, build_head

@@ -5,11 +5,11 @@ import json
 import pytest
 
 from jetflow import results
-from jetflow.bench import BenchConfig
+from jetflow.evaluation.bench import BenchConfig
 from jetflow.cli import build_parser, main
 from jetflow.util.flags import given
 from jetflow.drafting.profile import DiagnoseConfig
-from jetflow.replay import ReplayConfig
+from jetflow.evaluation.replay import ReplayConfig
 from jetflow.report import RESULTS
 
 FOLDERS = sorted(p.name for p in RESULTS.iterdir() if p.is_dir())

@@ -224,7 +224,7 @@ def counts_of(proposer, traces, n_rank: int, progress: bool = False, corrected: 
     ``corrected`` a pair: the head's counts and the path-corrected ones, from the same drafts."""
     from tqdm.auto import tqdm
 
-    from jetflow.replay import draft_table
+    from jetflow.evaluation.replay import draft_table
     counts = [Counts(proposer.head.config.block_size - 1, n_rank) for _ in range(1 + corrected)]
     for t in tqdm(traces, desc="profile", disable=not progress, leave=False):
         wide = max(n_rank, 2, proposer.correction.config.candidates if corrected else 0)
@@ -290,7 +290,7 @@ def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
     from jetflow.training.provenance import environment
-    from jetflow.replay import Trace
+    from jetflow.evaluation.replay import Trace
     from jetflow.engine.target import load_target
     out = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
     target = load_target(None, dtype="float32")
@@ -332,7 +332,7 @@ def heldout_traces(target, n: int, max_new_tokens: int, data_dir=None, progress:
     (``train --holdout``, listed in its provenance) when it did, else the 48 drawn after the first 3030."""
     from jetflow.data.prompts import load_regenerated, regenerate, training_pool
     from jetflow.util.paths import cache_dir
-    from jetflow.replay import Trace
+    from jetflow.evaluation.replay import Trace
     kept = head_holdout_ids(head) if head is not None else set()
     if kept:
         prompts = [p for p in training_pool(data_dir=data_dir) if p["id"] in kept]
@@ -355,7 +355,7 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
     from jetflow.training.provenance import environment
-    from jetflow.replay import ar_traces, trace_cache
+    from jetflow.evaluation.replay import ar_traces, trace_cache
     from jetflow.engine.target import load_target
     target = load_target(None, dtype="float32")
     proposer = make_proposer("jetflow", target, draft_dtype=torch.float32)

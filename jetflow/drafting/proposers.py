@@ -272,7 +272,7 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
     draft = draft.to(target.device)
     check_compatible(draft.config, target.config)
-    from jetflow.budget import load_cost
+    from jetflow.evaluation.budget import load_cost
     from .profile import load_profile
     correction = load_correction(path)
     proposer = HeadProposer(draft, target, m.builder, width, load_profile(path),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # for the annotations only: metrics imports no other jetflow module
-    from jetflow.journal import PromptRun
+    from jetflow.evaluation.journal import PromptRun
     from .decode import Round
 
 

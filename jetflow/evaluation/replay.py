@@ -30,12 +30,12 @@ from tqdm.auto import tqdm
 
 from jetflow.util import jsonl
 from jetflow.drafting import methods as registry
-from jetflow.bench import BENCHMARKS
+from .bench import BENCHMARKS
 from jetflow.data.prompts import DATASETS
 from jetflow.engine.decode import Round, generate
 from jetflow.util.flags import comma_list, option
 from jetflow.engine.metrics import round_stats
-from jetflow.budget import CostCurve, load_cost
+from .budget import CostCurve, load_cost
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
 from jetflow.util.paths import shipped_head_dir
 from jetflow.training.provenance import environment

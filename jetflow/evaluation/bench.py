@@ -18,7 +18,7 @@ matches x length) runs once for all budgets past that size; those rows share the
 
 Long benches resume: with ``journal=FILE`` (the CLI's ``--out DIR`` uses ``DIR/runs.jsonl``) every
 finished prompt is appended to FILE, and a rerun of the same command decodes only the prompts that are
-not there yet (``jetflow.journal``).
+not there yet (``jetflow.evaluation.journal``).
 
 ``run_auto`` picks each tree method's budget with ``budget.py`` first. A ``BenchConfig`` is one whole
 setup and ``PRESETS`` name some (``cpu``, ``qwen3-8b``): ``BenchConfig.from_name`` -> ``prompt_sets`` ->
@@ -50,7 +50,7 @@ from jetflow.training.provenance import environment
 from jetflow.report import CHAIN_NOTE, HF_NOTE
 from jetflow.report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
 from jetflow.report import write_rows as write
-from jetflow.journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
+from .journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
 from jetflow.drafting.proposers import make_proposer
 from jetflow.engine.target import DTYPES, Target
 
