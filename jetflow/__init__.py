@@ -46,14 +46,14 @@ Entry points
   ``OnlineTaps``: ``(row, ids (S,), logits) -> (teacher logits (S, V) | None, taps (S, L, H))``),
   ``jetflow.data.packed`` (regenerated ids packed to publish, and back), ``jetflow.throughput`` (training
   slots/s, cached vs online taps), ``jetflow.evaluation.bench``
-  (rows of tau/speedup), ``jetflow.evaluation.budget`` (hardware-aware budget), ``jetflow.viz`` (figures),
-  ``jetflow.walkthrough`` (one round taken apart: toy table, ✅/❌ rows, round logits, node info, sample-and-match),
-  ``jetflow.explorer`` (``TreeExplorer``: draft on demand, two methods side by side, click a node),
+  (rows of tau/speedup), ``jetflow.evaluation.budget`` (hardware-aware budget), ``jetflow.views.viz`` (figures),
+  ``jetflow.views.walkthrough`` (one round taken apart: toy table, ✅/❌ rows, round logits, node info, sample-and-match),
+  ``jetflow.views.explorer`` (``TreeExplorer``: draft on demand, two methods side by side, click a node),
   ``jetflow.evaluation.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
   ``jetflow.drafting.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
   ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
-  ``jetflow.viz_trees`` (its figures), ``jetflow.drafting.correction`` (the path-conditioned correction:
+  ``jetflow.views.viz_trees`` (its figures), ``jetflow.drafting.correction`` (the path-conditioned correction:
   ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.training.correction_train``), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
   ``python -m jetflow.speed --out DIR``).
 
@@ -62,7 +62,7 @@ Methods (``jetflow.drafting.methods``, in report order):
 """
 from jetflow.engine.decode import Result, Round, generate
 from jetflow.drafting.methods import describe as _describe_methods
-from jetflow.notebook import notebook_setup
+from jetflow.views.notebook import notebook_setup
 from jetflow.drafting.proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
 from jetflow.engine.target import Target, load_target
 from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain

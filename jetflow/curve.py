@@ -382,6 +382,6 @@ def summary(rows: list[dict], budget: int) -> list[str]:
 def plot(rows: list[dict], budget: int | None = None):
     """Tau at ``budget`` (default: the middle one) against the response tokens seen (log x), one panel per
     dataset, one line per head method (``viz_train.data_curve``)."""
-    from jetflow.viz_train import data_curve
+    from jetflow.views.viz_train import data_curve
     budgets = sorted({r["budget"] for r in rows})
     return data_curve(rows, budget if budget is not None else budgets[len(budgets) // 2])

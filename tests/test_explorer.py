@@ -1,11 +1,11 @@
-"""Tests for jetflow/explorer.py on tiny random targets: controls redraft in place, a click fills the
+"""Tests for jetflow/views/explorer.py on tiny random targets: controls redraft in place, a click fills the
 node panel from the recomputed logits, width reaches Algorithm 1 only, and the figure widget keeps
 its traces (updated, never replaced)."""
 import pytest
 import torch
 
-from jetflow import viz
-from jetflow.explorer import ACCEPTED, SIDES, TRACES, TreeExplorer, uses_width, with_width
+from jetflow.views import viz
+from jetflow.views.explorer import ACCEPTED, SIDES, TRACES, TreeExplorer, uses_width, with_width
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer
 
 pytest.importorskip("anywidget")  # plotly's FigureWidget runs on it

@@ -1,4 +1,4 @@
-"""Tests for jetflow/training/recipes.py and jetflow/viz_train.py: the full recipe is the shipped head's own
+"""Tests for jetflow/training/recipes.py and jetflow/views/viz_train.py: the full recipe is the shipped head's own
 (command for command), provenance holds no machine-local path, the smoke recipe runs and resumes."""
 import json
 import re
@@ -8,7 +8,7 @@ import pytest
 
 from jetflow.data import prompts as data
 from jetflow.training import recipes
-from jetflow import viz_train
+from jetflow.views import viz_train
 from jetflow.util.paths import shipped_head_dir
 from jetflow.training.train import command_for, train
 

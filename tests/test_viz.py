@@ -1,9 +1,9 @@
-"""Tests for jetflow/viz.py: pure helpers against hand-worked examples and loop references, and
+"""Tests for jetflow/views/viz.py: pure helpers against hand-worked examples and loop references, and
 every figure through ``fig.to_dict()`` (traces, counts, colours, axis titles)."""
 import pytest
 import torch
 
-from jetflow import viz
+from jetflow.views import viz
 from jetflow.engine.decode import Result, Round
 from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix
 

@@ -1,5 +1,5 @@
-"""jetflow/viz_trees.py: the helpers read the rows they are given, the figures plot them."""
-from jetflow import viz_trees
+"""jetflow/views/viz_trees.py: the helpers read the rows they are given, the figures plot them."""
+from jetflow.views import viz_trees
 
 ROWS = ([{"table": "spine", "dataset": "toy", "state": s, "depth": d, "reached": 10, "argmax_accept": a}
          for s, rates in (("spine", (0.8, 0.7)), ("off_spine", (0.3, 0.2))) for d, a in zip((2, 1), rates[::-1])]

@@ -1,10 +1,10 @@
-"""Tests for jetflow/walkthrough.py: the toy table's trees worked by hand, the ✅/❌ rows of a hand
+"""Tests for jetflow/views/walkthrough.py: the toy table's trees worked by hand, the ✅/❌ rows of a hand
 round, recomputed round logits against the decode loop's own choices, node info, and
 sample-and-match's first token against the target's distribution."""
 import pytest
 import torch
 
-from jetflow import walkthrough as wt
+from jetflow.views import walkthrough as wt
 from jetflow.engine.decode import Round, generate
 from jetflow.drafting.proposers import LookupProposer, RandomProposer
 from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain

@@ -226,7 +226,7 @@ def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets
     is a property of the text as much as of the head. With ``compare`` every candidate budget runs too,
     in the same interleaved run, so the pick can be checked against the best fixed budget. Other
     keyword arguments go to ``run``."""
-    from . import budget as bud
+    from jetflow.evaluation import budget as bud
     cost = cost_by_size
     if cost is None:
         sizes = sorted({1, *(b + 1 for b in budgets)})

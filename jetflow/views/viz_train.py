@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from jetflow.viz import PALETTE, TEMPLATE
+from .viz import PALETTE, TEMPLATE
 
 
 def curve_points(history: Sequence[dict]) -> list[tuple[int, float, float]]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from jetflow.viz import DASHES, PALETTE, TEMPLATE
+from .viz import DASHES, PALETTE, TEMPLATE
 
 STATE_NAMES = {"spine": "on the argmax spine", "off_spine": "off the spine", "after_sibling": "right after a sibling"}
 HEAD_NAMES = {"causal": "causal head", "corrected": "path-corrected"}

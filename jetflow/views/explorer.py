@@ -20,7 +20,7 @@ import html
 
 from . import viz
 from jetflow.engine.decode import generate
-from jetflow.walkthrough import node_info, round_logits
+from .walkthrough import node_info, round_logits
 
 SIDES = ("left", "right")
 TRACES = ("edges", "accepted path", "rejected", "accepted", "mask row")  # the fixed traces of each side
