@@ -34,7 +34,7 @@ notebooks-refresh: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) notebooks/refresh.py notebooks/*.ipynb
 
 # The committed CPU results: every folder of data/results is one named entry of the results manifest
-# (jetflow/results.py: its command and its table's renderer); `python -m jetflow results NAME` reproduces one and
+# (jetflow/results/manifest.py: its command and its table's renderer); `python -m jetflow results NAME` reproduces one and
 # `python -m jetflow results` lists them all with their commands. Greedy, 256 new tokens, the first 20 prompts,
 # one torch thread per process; the entries of one batch run side by side (two processes), then the README's
 # tables are rewritten from the rows (`python -m jetflow report --write`).

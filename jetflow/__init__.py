@@ -44,7 +44,7 @@ Entry points
 - ``jetflow.data.prompts`` (prompts, regeneration), ``jetflow.training.train`` (training; ``taps="online"|"cached"``),
   ``jetflow.training.taps`` (the taps cache: ``build`` -> memory-mapped (T, L, H) bf16 shards; ``CachedTaps`` /
   ``OnlineTaps``: ``(row, ids (S,), logits) -> (teacher logits (S, V) | None, taps (S, L, H))``),
-  ``jetflow.data.packed`` (regenerated ids packed to publish, and back), ``jetflow.throughput`` (training
+  ``jetflow.data.packed`` (regenerated ids packed to publish, and back), ``jetflow.results.throughput`` (training
   slots/s, cached vs online taps), ``jetflow.evaluation.bench``
   (rows of tau/speedup), ``jetflow.evaluation.budget`` (hardware-aware budget), ``jetflow.views.viz`` (figures),
   ``jetflow.views.walkthrough`` (one round taken apart: toy table, ✅/❌ rows, round logits, node info, sample-and-match),
@@ -54,8 +54,8 @@ Entry points
   ``jetflow.drafting.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
   ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
   ``jetflow.views.viz_trees`` (its figures), ``jetflow.drafting.correction`` (the path-conditioned correction:
-  ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.training.correction_train``), ``jetflow.speed`` (eager vs compiled vs llama.cpp in one run:
-  ``python -m jetflow.speed --out DIR``).
+  ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.training.correction_train``), ``jetflow.results.speed`` (eager vs compiled vs llama.cpp in one run:
+  ``python -m jetflow.results.speed --out DIR``).
 
 Methods (``jetflow.drafting.methods``, in report order):
 {methods}

@@ -443,7 +443,7 @@ def add_train_correction(sub) -> None:
 
 def cmd_correction_cost(args) -> int:
     from jetflow.training.correction_train import CostConfig, correction_cost, cost_markdown
-    from jetflow.report import write_rows
+    from jetflow.results.report import write_rows
     rows = correction_cost(CostConfig(**given(args, CostConfig)))
     if args.out:
         print(f"wrote {write_rows(rows, args.out, cost_markdown)}", file=sys.stderr)
@@ -461,7 +461,7 @@ def add_correction_cost(sub) -> None:
 
 def cmd_diagnose(args) -> int:
     from jetflow.drafting import profile
-    from jetflow.report import write_rows
+    from jetflow.results.report import write_rows
     rows = profile.diagnose(profile.DiagnoseConfig(**given(args, profile.DiagnoseConfig)), progress=not args.json)
     if args.out:
         print(f"wrote {write_rows(rows, args.out, profile.diagnosis_markdown)}", file=sys.stderr)
@@ -492,7 +492,7 @@ def add_cost(sub) -> None:
 
 # ----------------------------------------------------------------------------- results
 def cmd_report(args) -> int:
-    from . import report
+    from jetflow.results import report
     args.readme, args.results = Path(args.readme or report.README), Path(args.results or report.RESULTS)
     if args.write:
         changed = report.update(args.readme, args.results)
@@ -519,7 +519,7 @@ def add_report(sub) -> None:
 
 
 def cmd_results(args) -> int:
-    from . import results
+    from jetflow.results import manifest as results
     if args.batches:
         print("\n".join(",".join(names) for names in results.batches(args.batches)))
         return 0
@@ -546,8 +546,8 @@ def add_results(sub) -> None:
 
 def cmd_throughput(args) -> int:
     from jetflow.util import checks
-    from . import throughput
-    from jetflow.report import write_rows
+    from jetflow.results import throughput
+    from jetflow.results.report import write_rows
     cfg = throughput.ThroughputConfig(**given(args, throughput.ThroughputConfig))
     checks.positive(prompts=cfg.prompts, steps=cfg.steps, rounds=cfg.rounds, seqs_per_step=cfg.seqs_per_step,
                     max_new_tokens=cfg.max_new_tokens, anchors=min(cfg.anchors, default=0))
@@ -560,7 +560,7 @@ def cmd_throughput(args) -> int:
 
 
 def add_throughput(sub) -> None:
-    from jetflow.throughput import ThroughputConfig
+    from jetflow.results.throughput import ThroughputConfig
     t = sub.add_parser("throughput", help="training slots/s: cached taps vs the online target")
     add_flags(t, ThroughputConfig)
     t.set_defaults(func=cmd_throughput)
@@ -568,7 +568,7 @@ def add_throughput(sub) -> None:
 
 def cmd_curve(args) -> int:
     from jetflow.util import checks
-    from . import curve
+    from jetflow.results import curve
     cfg = curve.CurveConfig(**given(args, curve.CurveConfig))
     checks.writable_dir(cfg.out, "--out")
     checks.data_source(cfg.data_dir)
@@ -579,7 +579,7 @@ def cmd_curve(args) -> int:
 
 
 def add_curve(sub) -> None:
-    from jetflow.curve import CurveConfig
+    from jetflow.results.curve import CurveConfig
     c = sub.add_parser("curve", help="replayed tau against training data (k parts)")
     add_flags(c, CurveConfig)
     c.set_defaults(func=cmd_curve)
@@ -591,7 +591,7 @@ def add_gpu_check(sub) -> None:
 
 
 def add_speed(sub) -> None:
-    from . import speed
+    from jetflow.results import speed
     s = sub.add_parser("speed", help="eager vs compiled target vs llama.cpp")
     speed.add_arguments(s)
     s.set_defaults(func=speed.run_args)

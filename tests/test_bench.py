@@ -8,7 +8,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from jetflow.evaluation import bench
-from jetflow import report
+from jetflow.results import report
 from jetflow.engine import metrics
 from metrics_cases import HAND_ROUNDS
 from jetflow.engine.decode import Round

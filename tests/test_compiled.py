@@ -225,7 +225,7 @@ def test_every_decoding_command_takes_compile(argv):
 
 
 def test_speed_draft_rows_time_and_compare_both_passes(eager_target, compiled, head_proposers):
-    from jetflow.speed import SpeedConfig, _context_state, draft_rows, warm_drafts
+    from jetflow.results.speed import SpeedConfig, _context_state, draft_rows, warm_drafts
     cfg = SpeedConfig(past_len=10, draft_repeats=2)
     props = {"jetflow+lookup": head_proposers["jetflow+lookup"], "lookup": LookupProposer()}
     state = _context_state(eager_target, cfg)

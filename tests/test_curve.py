@@ -1,4 +1,4 @@
-"""Tests for jetflow/curve.py end to end on a tiny random target over SmolLM2's vocabulary and the bundled
+"""Tests for jetflow/results/curve.py end to end on a tiny random target over SmolLM2's vocabulary and the bundled
 fixture prompts: every ready point trains with one recipe and is replayed, points whose parts are still
 being regenerated are skipped, rerunning adds nothing twice, and the rows, table and plot say what ran."""
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from jetflow import curve
+from jetflow.results import curve
 from jetflow.cli import main
-from jetflow.curve import CurveConfig, ready, run, summary, to_markdown, train_config
+from jetflow.results.curve import CurveConfig, ready, run, summary, to_markdown, train_config
 
 SETTINGS = dict(anchors=4, seqs_per_step=2, passes=1.0, draft_vocab=64, max_len=64, datasets=("gsm8k", "mt_bench"),
                 limit=2, max_new_tokens=6, budgets=(4, 8), data_dir="fixtures", holdout=2)
@@ -139,7 +139,7 @@ def test_bad_settings_are_clear_errors(folder, tmp_path, capsys):
 def test_gains_per_doubling_of_the_tokens_seen():
     """(tau_b - tau_a) / log2(seen_b / seen_a) between consecutive points, per method and dataset; the table
     puts each pair of points in a column."""
-    from jetflow.curve import gains, gains_table
+    from jetflow.results.curve import gains, gains_table
     rows = [{"method": m, "dataset": "gsm8k", "parts": k, "budget": 64, "tau": tau, "response_tokens_seen": seen}
             for m, pts in {"jetflow": [(1, 2.0, 1000), (2, 3.0, 4000), (4, 3.5, 8000)],
                            "ddtree": [(1, 2.0, 1000), (2, 2.5, 2000)]}.items() for k, tau, seen in pts]

@@ -5,7 +5,7 @@ import torch
 
 import jetflow
 from jetflow.drafting import methods
-from jetflow import report
+from jetflow.results import report
 from jetflow.cli import build_parser
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer, RandomProposer, make_proposer
 from jetflow.training.train import TrainConfig, build_head

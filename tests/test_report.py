@@ -1,10 +1,10 @@
-"""The result tables of README.md and docs/ against the committed rows they are rendered from (jetflow/report.py)."""
+"""The result tables of README.md and docs/ against the committed rows they are rendered from (jetflow/results/report.py)."""
 import json
 import shutil
 
 import pytest
 
-from jetflow import report
+from jetflow.results import report
 from jetflow.cli import main
 
 ROW = {"method": "jetflow", "dataset": "gsm8k", "budget": 16, "tau": 2.567, "speedup": 1.7249,

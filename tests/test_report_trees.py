@@ -2,7 +2,7 @@
 on hand-made rows."""
 import json
 
-from jetflow import report
+from jetflow.results import report
 
 
 def write(folder, rows):

@@ -1,16 +1,16 @@
-"""Tests for jetflow/results.py: every committed result folder has one manifest entry whose command and
+"""Tests for jetflow/results/manifest.py: every committed result folder has one manifest entry whose command and
 renderer reproduce what is committed (its rows' settings and its table.md)."""
 import json
 
 import pytest
 
-from jetflow import results
+from jetflow.results import manifest as results
 from jetflow.evaluation.bench import BenchConfig
 from jetflow.cli import build_parser, main
 from jetflow.util.flags import given
 from jetflow.drafting.profile import DiagnoseConfig
 from jetflow.evaluation.replay import ReplayConfig
-from jetflow.report import RESULTS
+from jetflow.results.report import RESULTS
 
 FOLDERS = sorted(p.name for p in RESULTS.iterdir() if p.is_dir())
 
@@ -39,13 +39,13 @@ def test_the_entry_reproduces_the_committed_folder(name):
         assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
         return
     if results.entry(name).argv[0] == "speed":  # one setup row holds the run's settings
-        from jetflow import speed
+        from jetflow.results import speed
         args = build_parser().parse_args(results.command(name))
         assert rows[0]["kind"] == "setup" and rows[0]["config"]["limit"] == speed.config_of(args).limit
         assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
         return
     if results.entry(name).argv[0] == "throughput":  # every row holds the run's settings
-        from jetflow.throughput import SOURCES, ThroughputConfig
+        from jetflow.results.throughput import SOURCES, ThroughputConfig
         args = build_parser().parse_args(results.command(name))
         cfg = ThroughputConfig(**given(args, ThroughputConfig))
         assert [(r["anchors"], r["taps"]) for r in rows if not r["reference"]] == \
@@ -55,7 +55,7 @@ def test_the_entry_reproduces_the_committed_folder(name):
         assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
         return
     if results.entry(name).argv[0] == "curve":  # the ready points of the curve, each head replayed at every budget
-        from jetflow.curve import HEADS, CurveConfig
+        from jetflow.results.curve import HEADS, CurveConfig
         args = build_parser().parse_args(results.command(name))
         cfg = CurveConfig(**given(args, CurveConfig))
         assert {r["parts"] for r in rows} <= set(cfg.parts) and {r["head"] for r in rows} == set(cfg.heads)

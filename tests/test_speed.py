@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from jetflow.speed import SpeedConfig, agreement_rows, decode_rows, to_markdown, verify_rows
+from jetflow.results.speed import SpeedConfig, agreement_rows, decode_rows, to_markdown, verify_rows
 
 
 def fake_runs():
@@ -72,7 +72,7 @@ def test_markdown_renders_every_part():
 
 
 def test_profile_rows_split_a_forward_into_its_parts(tiny_target):
-    from jetflow.speed_bounds import profile_rows
+    from jetflow.results.speed_bounds import profile_rows
     rows = profile_rows({"eager": tiny_target}, (1, 5), past_len=8, calls=2)
     assert [(r["path"], r["size"]) for r in rows] == [("eager", 1), ("eager", 5)]
     for r in rows:  # the tiny target's lm_head has a vocabulary-sized operand, its layers linears and SDPA

@@ -1,4 +1,4 @@
-"""Tests for jetflow/throughput.py on a tiny random target: both taps sources run the same steps on the
+"""Tests for jetflow/results/throughput.py on a tiny random target: both taps sources run the same steps on the
 same data, the rows add up, the table renders them, and bad settings are refused."""
 import json
 
@@ -7,7 +7,7 @@ import torch
 
 from jetflow.cli import main
 from jetflow.engine.target import Target
-from jetflow.throughput import SOURCES, ThroughputConfig, measure, to_markdown
+from jetflow.results.throughput import SOURCES, ThroughputConfig, measure, to_markdown
 from jetflow.training.train import TrainConfig, head_compute
 from fakes import CharTokenizer, tiny_model
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import html
 
-from . import viz
+from jetflow.views import viz
 from jetflow.engine.decode import generate
 from .walkthrough import node_info, round_logits
 

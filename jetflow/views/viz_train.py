@@ -1,7 +1,7 @@
 """Training curves of several heads side by side (``viz.training_curves`` draws one run in detail).
 
     fig = heads_curves(recipes.shipped_histories())   # {"jetflow": history, "dflash": history}
-    fig = data_curve(curve_rows, budget=64)           # tau against response tokens seen (jetflow.curve)
+    fig = data_curve(curve_rows, budget=64)           # tau against response tokens seen (jetflow.results.curve)
     curve_points(history)                              # [(step, sim_tau, depth-1 accuracy), ...]
 
 A history is what ``train`` writes to ``out/history.jsonl``: one entry per step, with ``acc`` (per-depth
@@ -47,8 +47,8 @@ def heads_curves(histories: Mapping[str, Sequence[dict]], title: str = "Held-out
 
 def data_curve(rows: Sequence[dict], budget: int) -> go.Figure:
     """Replayed tau at ``budget`` against the response tokens each head saw in training (log x): one panel
-    per dataset, one line per head method (``jetflow.curve`` rows: ``response_tokens_seen``, ``tau``)."""
-    from jetflow.curve import at_budget
+    per dataset, one line per head method (``jetflow.results.curve`` rows: ``response_tokens_seen``, ``tau``)."""
+    from jetflow.results.curve import at_budget
     picked = at_budget(list(rows), budget)
     datasets, methods = list(dict.fromkeys(r["dataset"] for r in picked)), list(dict.fromkeys(r["method"] for r in picked))
     fig = make_subplots(rows=1, cols=len(datasets), subplot_titles=datasets, shared_yaxes=True)

@@ -1,4 +1,4 @@
-"""What bounds the compiled target on a CPU: part of the speed run (``jetflow.speed``, rows of
+"""What bounds the compiled target on a CPU: part of the speed run (``jetflow.results.speed``, rows of
 ``data/results/cpu-compiled``).
 
 - ``profile_rows``: where one verify forward's time goes, eager and compiled, per query size: the

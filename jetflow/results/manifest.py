@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jetflow.report import RESULTS, bench_markdown, replay_markdown
+from .report import RESULTS, bench_markdown, replay_markdown
 
 COMMON = ("--limit", "20", "--max-new-tokens", "256")
 GRID_METHODS = "ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow"
@@ -32,7 +32,7 @@ CURVE_K = 4  # the curve point whose heads `make curve-correction` corrects and 
 
 def curve_head(head: str, k: int = CURVE_K) -> str:
     """The folder of a curve point's head under the curve's default work folder (``make curve`` trains it)."""
-    from jetflow.curve import CurveConfig, point_dir
+    from .curve import CurveConfig, point_dir
     return str(point_dir(CurveConfig(out="-"), k, head))
 
 
@@ -47,10 +47,10 @@ class Entry:
     def renderer(self) -> Callable[[list[dict]], str]:
         """rows -> the folder's table.md (the subcommand's own table)."""
         from jetflow.training.correction_train import cost_markdown
-        from jetflow.curve import to_markdown as curve_markdown
+        from .curve import to_markdown as curve_markdown
         from jetflow.drafting.profile import diagnosis_markdown
-        from jetflow.speed import to_markdown as speed_markdown
-        from jetflow.throughput import to_markdown as throughput_markdown
+        from .speed import to_markdown as speed_markdown
+        from .throughput import to_markdown as throughput_markdown
         return {"replay": replay_markdown, "diagnose": diagnosis_markdown, "speed": speed_markdown,
                 "correction-cost": cost_markdown, "throughput": throughput_markdown,
                 "curve": curve_markdown}.get(self.argv[0], bench_markdown)

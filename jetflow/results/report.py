@@ -330,19 +330,19 @@ def _fp32_count(results: Path) -> str:
 
 def train_throughput(results: Path, name: str = "cpu-train-throughput") -> str:
     """Training slots per second, cached taps vs the online target (docs/scale.md)."""
-    from jetflow.throughput import table
+    from .throughput import table
     return table(load(results, name))
 
 
 def tau_curve(results: Path, name: str = "cpu-tau-curve") -> str:
     """Replayed tau of both heads against the training data they saw (docs/scale.md)."""
-    from jetflow.curve import table
+    from .curve import table
     return table(load(results, name))
 
 
 def same_steps(results: Path) -> str:
     """The curve's k = 4 points beside the causal head trained for the same steps on all the data once (docs/scale.md)."""
-    from jetflow.curve import same_steps_table
+    from .curve import same_steps_table
     return same_steps_table(load(results, "cpu-tau-curve"), load(results, "cpu-curve-one-pass"))
 
 

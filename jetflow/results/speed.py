@@ -36,7 +36,7 @@ from jetflow.engine.compiled import QUERY_SIZES, CompileConfig, compile_target
 from jetflow.engine.decode import generate
 from jetflow.drafting import methods as registry
 from jetflow.drafting.proposers import LookupMerged, make_proposer
-from jetflow.speed_bounds import PROBES, probe_rows, profile_rows
+from .speed_bounds import PROBES, probe_rows, profile_rows
 from jetflow.engine.target import Target, embedded_gguf, load_target
 
 KINDS = ("setup", "compile", "verify", "draft", "decode", "exactness", "ar-agreement", "profile", "probe")
@@ -418,7 +418,7 @@ def to_markdown(rows: list[dict]) -> str:
 
 
 def add_arguments(parser) -> None:
-    """The flags of ``python -m jetflow speed`` (and ``python -m jetflow.speed``)."""
+    """The flags of ``python -m jetflow speed`` (and ``python -m jetflow.results.speed``)."""
     parser.add_argument("--out", help="folder for rows.json and table.md (required unless --warmup)")
     parser.add_argument("--dtype", default=SpeedConfig.dtype)
     parser.add_argument("--threads", type=int, default=SpeedConfig.threads)
@@ -460,7 +460,7 @@ def run_args(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jetflow.speed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m jetflow.results.speed", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run_args(parser.parse_args(argv))
 

@@ -205,7 +205,7 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
     from jetflow.util import checks
     from jetflow.evaluation.bench import prompt_sets
     from jetflow.evaluation.replay import ar_traces, trace_cache
-    from jetflow.report import write_rows
+    from .report import write_rows
     from jetflow.engine.target import load_target
     todo = [k for k in sorted(set(cfg.parts)) if ready(cfg.data, k)]
     skipped = sorted(set(cfg.parts) - set(todo))
@@ -284,7 +284,7 @@ def table(rows: list[dict]) -> str:
               f"sequences (steps = passes x sequences / {c['seqs_per_step']}), {c['anchors']} anchors per sequence, "
               f"loss ce, cached taps, draft vocabulary {c['draft_vocab']}, seed {c['seed']}; replayed greedy tau "
               f"(fp32) on the first {c['limit']} prompts, {c['max_new_tokens']} new tokens. "
-              "Command: python -m jetflow curve (jetflow/curve.py)."]
+              "Command: python -m jetflow curve (jetflow/results/curve.py)."]
     if len({r["parts"] for r in rows}) > 1:
         budget = budgets[len(budgets) // 2]
         lines += ["", f"Tau gained per doubling of the response tokens seen, at budget {budget}, between consecutive "
