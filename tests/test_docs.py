@@ -57,3 +57,46 @@ def test_help_lists_every_subcommand_on_one_line(monkeypatch):
         line = next(l for l in text.splitlines() if l.strip().startswith(name + " "))
         following = text.splitlines()[text.splitlines().index(line) + 1]
         assert len(line.split(maxsplit=1)) == 2 and not following.startswith(" " * 20), name
+
+
+DOTTED = re.compile(r"\bjetflow(?:\.[A-Za-z_]\w*)+")
+PATHS = re.compile(r"\bjetflow/[\w/]+\.py\b")
+
+
+def named_in_documents() -> tuple[set[str], set[str]]:
+    """Every dotted ``jetflow.x.y`` name and every ``jetflow/x/y.py`` path in the documents and notebooks."""
+    import json
+    texts = [doc.read_text() for doc in DOCS]
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        texts += ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]]
+    joined = "\n".join(texts)
+    return set(DOTTED.findall(joined)) - {"jetflow.heads"}, set(PATHS.findall(joined))
+
+
+def resolve(dotted: str):
+    """Import the longest module prefix of ``dotted`` and look the rest up as attributes."""
+    import importlib
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_module_and_name_the_documents_name_exists():
+    dotted, paths = named_in_documents()
+    assert dotted and paths
+    missing = [p for p in sorted(paths) if not (ROOT / p).is_file()]
+    assert not missing, f"documents name files that do not exist: {missing}"
+    broken = []
+    for name in sorted(dotted):
+        try:
+            resolve(name)
+        except (ImportError, AttributeError):
+            broken.append(name)
+    assert not broken, f"documents name modules or names that do not exist: {broken}"
