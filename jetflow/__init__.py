@@ -19,7 +19,7 @@ Entry points
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and the builders
   ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree), and beyond the paper
   ``top2gap``, ``calibrated_prefix``, ``profile_prefix`` (the last two read an
-  ``AcceptanceProfile``), ``calibrated_stop`` (its per-round budget also reads a ``budget.CostCurve``), taking per-depth log-probs (D, V), and ``path_prefix`` (also the round's path
+  ``AcceptanceProfile``), ``calibrated_stop`` (its per-round budget also reads a ``cost.CostCurve``), taking per-depth log-probs (D, V), and ``path_prefix`` (also the round's path
   table (D-1, C, C) of ``jetflow.drafting.correction``: each parent's own corrected child row);
   ``merge(first, second, budget)`` (one trie of both);
   ``ancestor_mask(parents) -> (N+1, N+1)``.

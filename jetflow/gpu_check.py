@@ -32,7 +32,7 @@ from jetflow.engine.decode import generate
 from jetflow.util.hardware import describe
 from jetflow.drafting.head import DraftHead, HeadConfig
 from jetflow.drafting import methods as registry
-from jetflow.evaluation.budget import CostCurve
+from jetflow.drafting.cost import CostCurve
 from jetflow.drafting.correction import random_correction
 from jetflow.drafting.profile import Counts
 from jetflow.drafting.proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,

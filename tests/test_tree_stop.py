@@ -7,7 +7,7 @@ import torch
 
 from fakes import random_profile
 from jetflow.evaluation import replay as rp
-from jetflow.evaluation.budget import COST_FILE, CostCurve, load_cost, save_cost
+from jetflow.drafting.cost import COST_FILE, CostCurve, load_cost, save_cost
 from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
 from jetflow.training.train import TrainConfig, build_head

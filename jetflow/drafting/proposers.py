@@ -152,7 +152,7 @@ class HeadProposer:
     width: int = 7
     profile: AcceptanceProfile | None = None
     correction: PathCorrection | None = None
-    cost: object | None = None  # budget.CostCurve saved beside the head, for the builders that take one
+    cost: object | None = None  # cost.CostCurve saved beside the head, for the builders that take one
     embed: torch.Tensor = field(init=False, repr=False)   # (V, H) the target's embedding, head dtype
     out: torch.Tensor = field(init=False, repr=False)     # (K, H) its lm_head rows of the draft vocabulary
     vocab: torch.Tensor | None = field(init=False, repr=False)  # (K,) draft columns -> token ids, on CPU
@@ -272,7 +272,7 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
     draft = draft.to(target.device)
     check_compatible(draft.config, target.config)
-    from jetflow.evaluation.budget import load_cost
+    from .cost import load_cost
     from .profile import load_profile
     correction = load_correction(path)
     proposer = HeadProposer(draft, target, m.builder, width, load_profile(path),
