@@ -63,7 +63,8 @@ Methods (``jetflow.drafting.methods``, in report order):
 from jetflow.engine.decode import Result, Round, generate
 from jetflow.drafting.methods import describe as _describe_methods
 from jetflow.views.notebook import notebook_setup
-from jetflow.drafting.proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
+from jetflow.drafting.proposers import LookupProposer, OracleProposer, RandomProposer
+from jetflow.drafting.methods import make_proposer
 from jetflow.engine.target import Target, load_target
 from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
 

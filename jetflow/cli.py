@@ -130,7 +130,7 @@ def cmd_generate(args) -> int:
     _check_generate_args(args)
     checks.head_dir(args.head, "--head")
     from jetflow.engine.decode import generate
-    from jetflow.drafting.proposers import make_proposer
+    from jetflow.drafting.methods import make_proposer
     from jetflow.engine.target import load_target
     target = load_target(args.model, dtype=args.dtype, compile=args.compile)
     proposer = make_proposer(args.method, target, head=args.head)

@@ -13,7 +13,8 @@ from jetflow.drafting.correction import (PathCorrection, CorrectionConfig, candi
                                 path_table, random_correction)
 from jetflow.training.correction_train import CorrectionTrainConfig, batch_logp, examples, fit, sequence_features
 from jetflow.engine.decode import generate
-from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
+from jetflow.drafting.proposers import HeadProposer, LookupMerged
+from jetflow.drafting.methods import make_proposer
 from jetflow.training.train import TrainConfig, build_head
 from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix, tree_builder
 

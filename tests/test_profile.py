@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from jetflow.drafting import profile as pf
-from jetflow.drafting.proposers import make_proposer
+from jetflow.drafting.methods import make_proposer
 from jetflow.training.train import TrainConfig, build_head
 
 

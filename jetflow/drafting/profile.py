@@ -287,7 +287,7 @@ def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     cache), count the causal head's acceptance on them, save the profile beside the head."""
     from jetflow.data.prompts import load_regenerated, regenerate
     from jetflow.util.paths import cache_dir
-    from .proposers import make_proposer
+    from .methods import make_proposer
     from jetflow.util.paths import shipped_head_dir
     from jetflow.training.provenance import environment
     from jetflow.evaluation.replay import Trace
@@ -352,7 +352,7 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     """Diagnosis rows per dataset (AR answers from the replay cache, shipped causal head, fp32); where a
     path correction is saved beside the head, its corrected rows beside the head's own."""
     from jetflow.data.prompts import load_prompts
-    from .proposers import make_proposer
+    from .methods import make_proposer
     from jetflow.util.paths import shipped_head_dir
     from jetflow.training.provenance import environment
     from jetflow.evaluation.replay import ar_traces, trace_cache

@@ -52,7 +52,7 @@ from jetflow.results.report import CHAIN_NOTE, HF_NOTE
 from jetflow.results.report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
 from jetflow.results.report import write_rows as write
 from .journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
-from jetflow.drafting.proposers import make_proposer
+from jetflow.drafting.methods import make_proposer
 from jetflow.engine.target import DTYPES, Target
 
 

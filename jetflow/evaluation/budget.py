@@ -32,7 +32,7 @@ from jetflow.engine import metrics
 from jetflow.engine.decode import generate, verify_step
 from jetflow.util.flags import option
 from jetflow.drafting.cost import COST_SIZES, CostCurve, interp_cost, save_cost
-from jetflow.drafting.proposers import make_proposer
+from jetflow.drafting.methods import make_proposer
 from jetflow.engine.target import Target, keep_path
 from jetflow.engine.tree import Tree, accum_logp
 from jetflow.engine.verify import greedy_accept

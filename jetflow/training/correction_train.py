@@ -289,7 +289,7 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     """Features (cached), epochs, then ``correction.safetensors`` + ``correction.json`` in the head folder
     with the command, the data, the held-out history and no machine-local path."""
     from jetflow.util.paths import cache_dir, portable_path, shell_join
-    from jetflow.drafting.proposers import make_proposer
+    from jetflow.drafting.methods import make_proposer
     from jetflow.util.paths import shipped_head_dir
     from jetflow.engine.target import load_target
     head_dir = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
@@ -345,7 +345,7 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     from jetflow.data.prompts import load_prompts
     from jetflow.engine.decode import verify_step
     from jetflow.engine.target import keep_path
-    from jetflow.drafting.proposers import make_proposer
+    from jetflow.drafting.methods import make_proposer
     from .provenance import environment
     from jetflow.engine.target import load_target
     from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix
