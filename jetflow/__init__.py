@@ -52,7 +52,8 @@ Entry points
   ``jetflow.evaluation.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
   ``jetflow.drafting.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
-  ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
+  ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; measured and tabled by
+  ``jetflow.results.diagnose``: ``profile_for_head``, ``diagnosis_rows``) and
   ``jetflow.views.viz_trees`` (its figures), ``jetflow.drafting.correction`` (the path-conditioned correction:
   ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.training.correction_train``), ``jetflow.results.speed`` (eager vs compiled vs llama.cpp in one run:
   ``python -m jetflow.results.speed --out DIR``).

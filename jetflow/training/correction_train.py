@@ -74,10 +74,10 @@ def training_rows(cfg: CorrectionTrainConfig) -> list[dict]:
 
 def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int, dict]]]:
     """(the data files, [(row number across the files in order, row)]): the regenerated rows used, minus the held-out training prompts of the acceptance profile
-    (``profile.heldout_prompts``: the diagnosis reads them, so the correction never trains on them) and the
+    (``holdout.heldout_prompts``: the diagnosis reads them, so the correction never trains on them) and the
     rows the head's own training held out for its profile (``train --holdout``)."""
     from jetflow.data.prompts import load_regenerated
-    from jetflow.drafting.profile import head_holdout_ids, heldout_prompts
+    from jetflow.data.holdout import head_holdout_ids, heldout_prompts
     from jetflow.util.paths import shipped_head_dir
     folder = Path(cfg.data).expanduser()
     files = sorted(folder.glob("part-*.jsonl")) if folder.is_dir() else [folder]
