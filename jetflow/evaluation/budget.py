@@ -30,10 +30,11 @@ import torch
 
 from jetflow.engine import metrics
 from jetflow.engine.decode import generate, verify_step
+from jetflow.util import hardware
 from jetflow.util.flags import option
 from jetflow.drafting.cost import COST_SIZES, CostCurve, interp_cost, save_cost
 from jetflow.drafting.methods import make_proposer
-from jetflow.engine.target import Target, keep_path
+from jetflow.engine.target import Target, keep_path, load_target
 from jetflow.engine.tree import Tree, accum_logp
 from jetflow.engine.verify import greedy_accept
 
@@ -185,8 +186,6 @@ def measure_cost(cfg: CostConfig) -> Path:
     """Measure the verify curve (``measure_verify_cost``, relative to its one-token step) and one draft pass
     (median draft seconds of ``draft_method``'s rounds over the median AR step of the same prompt, both
     decoded here), save both beside the head."""
-    from jetflow.util import hardware
-    from jetflow.engine.target import load_target
     target = load_target(cfg.model, dtype=cfg.dtype)
     seconds = measure_verify_cost(target, cfg.sizes, past_len=cfg.past_len, repeats=cfg.repeats)
     proposer = make_proposer(cfg.draft_method, target, draft_dtype=target.dtype)
