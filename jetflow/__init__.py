@@ -19,7 +19,7 @@ Entry points
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and the builders
   ``chain``, ``accum_logp`` (JetFlow's Algorithm 1), ``best_prefix`` (DDTree), and beyond the paper
   ``top2gap``, ``calibrated_prefix``, ``profile_prefix`` (the last two read an
-  ``AcceptanceProfile``), ``calibrated_stop`` (its per-round budget also reads a ``budget.CostCurve``), taking per-depth log-probs (D, V), and ``path_prefix`` (also the round's path
+  ``AcceptanceProfile``), ``calibrated_stop`` (its per-round budget also reads a ``cost.CostCurve``), taking per-depth log-probs (D, V), and ``path_prefix`` (also the round's path
   table (D-1, C, C) of ``jetflow.drafting.correction``: each parent's own corrected child row);
   ``merge(first, second, budget)`` (one trie of both);
   ``ancestor_mask(parents) -> (N+1, N+1)``.
@@ -52,7 +52,8 @@ Entry points
   ``jetflow.evaluation.replay`` (exact greedy tau of every head method x budget from one AR decode per prompt:
   ``ar_traces`` -> ``draft_table`` (A anchors, D, K) -> ``walk`` -> rounds; ``replay`` -> rows),
   ``jetflow.drafting.profile`` (acceptance per depth, rank and head log-prob, on and off the argmax spine:
-  ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; ``diagnosis_rows``) and
+  ``Counts`` -> ``AcceptanceProfile``, saved beside the causal head; measured and tabled by
+  ``jetflow.results.diagnose``: ``profile_for_head``, ``diagnosis_rows``) and
   ``jetflow.views.viz_trees`` (its figures), ``jetflow.drafting.correction`` (the path-conditioned correction:
   ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.training.correction_train``), ``jetflow.results.speed`` (eager vs compiled vs llama.cpp in one run:
   ``python -m jetflow.results.speed --out DIR``).
@@ -63,7 +64,8 @@ Methods (``jetflow.drafting.methods``, in report order):
 from jetflow.engine.decode import Result, Round, generate
 from jetflow.drafting.methods import describe as _describe_methods
 from jetflow.views.notebook import notebook_setup
-from jetflow.drafting.proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
+from jetflow.drafting.proposers import LookupProposer, OracleProposer, RandomProposer
+from jetflow.drafting.methods import make_proposer
 from jetflow.engine.target import Target, load_target
 from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
 

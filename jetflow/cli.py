@@ -130,7 +130,7 @@ def cmd_generate(args) -> int:
     _check_generate_args(args)
     checks.head_dir(args.head, "--head")
     from jetflow.engine.decode import generate
-    from jetflow.drafting.proposers import make_proposer
+    from jetflow.drafting.methods import make_proposer
     from jetflow.engine.target import load_target
     target = load_target(args.model, dtype=args.dtype, compile=args.compile)
     proposer = make_proposer(args.method, target, head=args.head)
@@ -414,13 +414,13 @@ def add_replay(sub) -> None:
 
 
 def cmd_profile(args) -> int:
-    from jetflow.drafting.profile import ProfileConfig, profile_for_head
+    from jetflow.results.diagnose import ProfileConfig, profile_for_head
     print(profile_for_head(ProfileConfig(**given(args, ProfileConfig)), progress=not args.quiet))
     return 0
 
 
 def add_profile(sub) -> None:
-    from jetflow.drafting.profile import ProfileConfig
+    from jetflow.results.diagnose import ProfileConfig
     p = sub.add_parser("profile", help="the head's acceptance profile from training prompts")
     add_flags(p, ProfileConfig)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -460,17 +460,17 @@ def add_correction_cost(sub) -> None:
 
 
 def cmd_diagnose(args) -> int:
-    from jetflow.drafting import profile
+    from jetflow.results.diagnose import DiagnoseConfig, diagnose, diagnosis_markdown
     from jetflow.results.report import write_rows
-    rows = profile.diagnose(profile.DiagnoseConfig(**given(args, profile.DiagnoseConfig)), progress=not args.json)
+    rows = diagnose(DiagnoseConfig(**given(args, DiagnoseConfig)), progress=not args.json)
     if args.out:
-        print(f"wrote {write_rows(rows, args.out, profile.diagnosis_markdown)}", file=sys.stderr)
-    print("\n".join(json.dumps(r) for r in rows) if args.json else profile.diagnosis_markdown(rows))
+        print(f"wrote {write_rows(rows, args.out, diagnosis_markdown)}", file=sys.stderr)
+    print("\n".join(json.dumps(r) for r in rows) if args.json else diagnosis_markdown(rows))
     return 0
 
 
 def add_diagnose(sub) -> None:
-    from jetflow.drafting.profile import DiagnoseConfig
+    from jetflow.results.diagnose import DiagnoseConfig
     d = sub.add_parser("diagnose", help="acceptance on and off the argmax spine")
     add_flags(d, DiagnoseConfig)
     _add_output(d)

@@ -32,11 +32,11 @@ from jetflow.engine.decode import generate
 from jetflow.util.hardware import describe
 from jetflow.drafting.head import DraftHead, HeadConfig
 from jetflow.drafting import methods as registry
-from jetflow.evaluation.budget import CostCurve
+from jetflow.drafting.cost import CostCurve
 from jetflow.drafting.correction import random_correction
 from jetflow.drafting.profile import Counts
-from jetflow.drafting.proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
-                        RandomProposer, make_proposer)
+from jetflow.drafting.proposers import HeadDraftState, HeadProposer, LookupProposer, OracleProposer, RandomProposer
+from jetflow.drafting.methods import make_proposer
 from jetflow.engine.target import Target, keep_path, load_target
 from jetflow.engine.tree import accum_logp
 from jetflow.engine.verify import tree_attention_mask

@@ -1,11 +1,13 @@
-"""Tests for jetflow/evaluation/budget.py: log-space interpolation against hand values, the picker against a
-brute-force optimum on synthetic curves, and measurement/calibration plumbing on a tiny random Llama."""
+"""Tests for jetflow/evaluation/budget.py: log-space interpolation (jetflow/drafting/cost.py's interp_cost)
+against hand values, the picker against a brute-force optimum on synthetic curves, and measurement/calibration
+plumbing on a tiny random Llama."""
 import math
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from jetflow.drafting.cost import interp_cost
 from jetflow.evaluation import budget
 from jetflow.engine.target import Target
 
@@ -41,19 +43,19 @@ def saturating_tau(b: int, scale: float = 20.0) -> float:
 @pytest.mark.parametrize("size, want", [(1, 1.0), (16, 2.0), (4, math.sqrt(2.0)), (64, 4.0), (256, 8.0),
                                         (2, 2 ** 0.25)])
 def test_interp_cost_is_linear_in_log_log(size, want):
-    assert budget.interp_cost({1: 1.0, 16: 2.0, 256: 8.0}, size) == pytest.approx(want)
+    assert interp_cost({1: 1.0, 16: 2.0, 256: 8.0}, size) == pytest.approx(want)
 
 
 @pytest.mark.parametrize("size", [257, 0])
 def test_interp_cost_refuses_to_extrapolate(size):
     with pytest.raises(ValueError, match="outside the measured sizes"):
-        budget.interp_cost({1: 1.0, 256: 8.0}, size)
+        interp_cost({1: 1.0, 256: 8.0}, size)
 
 
 def test_interp_cost_exact_on_piecewise_power_law():
     cost = {k: knee_cost(k) for k in SIZES}
     for k in range(1, 257):
-        assert budget.interp_cost(cost, k) == pytest.approx(knee_cost(k))
+        assert interp_cost(cost, k) == pytest.approx(knee_cost(k))
 
 
 def test_relative():

@@ -13,7 +13,8 @@ from jetflow.drafting.correction import (PathCorrection, CorrectionConfig, candi
                                 path_table, random_correction)
 from jetflow.training.correction_train import CorrectionTrainConfig, batch_logp, examples, fit, sequence_features
 from jetflow.engine.decode import generate
-from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
+from jetflow.drafting.proposers import HeadProposer, LookupMerged
+from jetflow.drafting.methods import make_proposer
 from jetflow.training.train import TrainConfig, build_head
 from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix, tree_builder
 
@@ -301,12 +302,12 @@ def test_correction_training_leaves_out_the_profile_prompts_and_the_heads_holdou
     """Neither the acceptance profile's held-out prompts nor the rows the head's training held out for its
     profile (``train --holdout``, listed in its provenance) reach the correction's training rows."""
     import json
-    import jetflow.drafting.profile
+    import jetflow.data.holdout
     from jetflow.training.correction_train import training_rows
     rows = [{"id": f"gsm8k-train:{i}", "prompt_ids": [1, 2], "response_ids": [3, 4, 5]} for i in range(6)]
     data = tmp_path / "regen.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in [{"settings": {}}] + rows))
-    monkeypatch.setattr(jetflow.drafting.profile, "heldout_prompts", lambda n, **kw: [{"id": "gsm8k-train:1"}])
+    monkeypatch.setattr(jetflow.data.holdout, "heldout_prompts", lambda n, **kw: [{"id": "gsm8k-train:1"}])
     head = tmp_path / "head"
     head.mkdir()
     cfg = CorrectionTrainConfig(data=str(data), max_seqs=0, out=str(head))

@@ -1,11 +1,14 @@
-"""Acceptance profiles: the vectorized counts against loop references, monotone rates, files, loading."""
+"""Acceptance profiles: the vectorized counts against loop references, monotone rates, files, loading; the
+hold-out draws (jetflow.data.holdout) and the diagnosis rows and profile command (jetflow.results.diagnose)."""
 import math
 
 import pytest
 import torch
 
+from jetflow.data import holdout
 from jetflow.drafting import profile as pf
-from jetflow.drafting.proposers import make_proposer
+from jetflow.results import diagnose as dg
+from jetflow.drafting.methods import make_proposer
 from jetflow.training.train import TrainConfig, build_head
 
 
@@ -116,12 +119,12 @@ def test_diagnosis_rows_report_spine_and_off_spine_rates():
             ids[i, j, r] = tokens[i + j + 1]
     counts = pf.Counts(2, 3)
     counts.add(torch.zeros(4, 2, 3), ids, tokens)
-    rows = {(r["table"], r["state"], r["depth"], r.get("rank")): r for r in pf.diagnosis_rows(counts, "toy", 3)}
+    rows = {(r["table"], r["state"], r["depth"], r.get("rank")): r for r in dg.diagnosis_rows(counts, "toy", 3)}
     assert rows["spine", "spine", 1, None]["argmax_accept"] == 0.75
     assert rows["spine", "spine", 2, None]["argmax_accept"] == 1.0 and rows["spine", "spine", 2, None]["reached"] == 3
     assert rows["spine", "after_sibling", 2, None]["argmax_accept"] == 0.0
     assert rows["heatmap", "off_spine", 2, 2]["accept"] == 1.0
-    assert "after_sibling" in pf.diagnosis_markdown(list(rows.values()))
+    assert "after_sibling" in dg.diagnosis_markdown(list(rows.values()))
 
 
 def test_corrected_ranks_equal_a_loop():
@@ -154,16 +157,16 @@ def test_holdout_prompts_are_the_rows_training_kept_out_and_the_head_must_say_so
     rows = [{"id": p["id"], "prompt_ids": [1, 2], "response_ids": [3, 4]} for p in pool[:10]]
     data = tmp_path / "regen.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in [{"settings": {}}] + rows))
-    prompts = pf.holdout_prompts(data, 3, data_dir="fixtures")
+    prompts = holdout.holdout_prompts(data, 3, data_dir="fixtures")
     assert {p["id"] for p in prompts} == {rows[i]["id"] for i in (0, 3, 6)} and all(p["prompt"] for p in prompts)
     head = tmp_path / "head"
     head.mkdir()
     with pytest.raises(ValueError, match="lists 0 held-out ids"):
-        pf.check_holdout(head, {p["id"] for p in prompts})
+        holdout.check_holdout(head, {p["id"] for p in prompts})
     (head / "provenance.json").write_text(json.dumps({"data": {"holdout_ids": [rows[i]["id"] for i in (0, 3, 6)]}}))
-    pf.check_holdout(head, {p["id"] for p in prompts})
+    holdout.check_holdout(head, {p["id"] for p in prompts})
     with pytest.raises(ValueError, match="not trained with these 2 rows"):
-        pf.check_holdout(head, {rows[0]["id"], rows[3]["id"]})
+        holdout.check_holdout(head, {rows[0]["id"], rows[3]["id"]})
 
 
 def test_heldout_traces_answer_the_heads_own_holdout_when_it_has_one(tiny_target, tmp_path, monkeypatch):
@@ -177,10 +180,10 @@ def test_heldout_traces_answer_the_heads_own_holdout_when_it_has_one(tiny_target
     head = tmp_path / "head"
     head.mkdir()
     (head / "provenance.json").write_text(json.dumps({"data": {"holdout_ids": kept}}))
-    traces = pf.heldout_traces(tiny_target, 2, 4, data_dir="fixtures", head=head)
+    traces = dg.heldout_traces(tiny_target, 2, 4, data_dir="fixtures", head=head)
     assert [t.id for t in traces] == [i for i in kept if i in {t.id for t in traces}][:2] and len(traces) == 2
     assert {t.dataset for t in traces} == {"heldout"} and set(t.id for t in traces) <= set(kept)
-    assert pf.holdout_answers(set(kept), 4).is_file()
+    assert holdout.holdout_answers(set(kept), 4).is_file()
 
 
 def test_holdout_prompts_need_the_last_part(tmp_path):
@@ -191,7 +194,7 @@ def test_holdout_prompts_need_the_last_part(tmp_path):
     rows = [{"id": f"gsm8k-train:{i}", "prompt_ids": [1], "response_ids": [2, 3]} for i in range(5)]
     (folder / "part-00-of-02.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [{"settings": {}}] + rows))
     with pytest.raises(ValueError, match="not the last part"):
-        pf.holdout_prompts(folder, 2, data_dir="fixtures")
+        holdout.holdout_prompts(folder, 2, data_dir="fixtures")
 
 
 def test_profile_command_records_folders_as_any_machine_reads_them(tmp_path, monkeypatch):
@@ -200,7 +203,7 @@ def test_profile_command_records_folders_as_any_machine_reads_them(tmp_path, mon
     from jetflow.util.paths import REPO as REPO_ROOT
     monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache" / "work" / "head").mkdir(parents=True)
-    line = pf.profile_command(pf.ProfileConfig(out=str(tmp_path / "cache" / "work" / "head"), head="org/hub-head",
+    line = dg.profile_command(dg.ProfileConfig(out=str(tmp_path / "cache" / "work" / "head"), head="org/hub-head",
                                                data=str(REPO_ROOT / "data" / "heads")))
     assert "--out '$JETFLOW_CACHE/work/head'" in line and "--head org/hub-head" in line
     assert "--data data/heads" in line and str(tmp_path) not in line

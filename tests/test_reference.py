@@ -23,7 +23,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from fakes import ByteTokenizer
 from jetflow.engine.decode import generate
 from jetflow.drafting.head import DraftHead, HeadConfig, block_mask
-from jetflow.drafting.proposers import make_proposer
+from jetflow.drafting.methods import make_proposer
 from jetflow.util.paths import shipped_head_dir
 from jetflow.engine.target import Target
 from test_checkpoint import QWEN3_8B, QWEN3_30B_A3B

@@ -8,7 +8,7 @@ from jetflow.results import manifest as results
 from jetflow.evaluation.bench import BenchConfig
 from jetflow.cli import build_parser, main
 from jetflow.util.flags import given
-from jetflow.drafting.profile import DiagnoseConfig
+from jetflow.results.diagnose import DiagnoseConfig
 from jetflow.evaluation.replay import ReplayConfig
 from jetflow.results.report import RESULTS
 

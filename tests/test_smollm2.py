@@ -6,7 +6,8 @@ import torch
 
 from jetflow.cli import main
 from jetflow.engine.decode import generate
-from jetflow.drafting.proposers import OracleProposer, make_proposer
+from jetflow.drafting.proposers import OracleProposer
+from jetflow.drafting.methods import make_proposer
 
 PROMPTS = [
     "Write a Python function that reverses a list, and show an example call.",

@@ -283,7 +283,8 @@ def whole(folder):
 
 
 def test_holdout_keeps_evenly_spaced_rows_of_the_last_part_out_of_training(target, folder, tmp_path):
-    from jetflow.training.train import holdout_rows, split_data
+    from jetflow.data.holdout import holdout_rows
+    from jetflow.training.train import split_data
     cfg = cached_cfg(whole(folder), tmp_path / "run", max_len=32, eval_seqs=2, parts=3, holdout=2)
     split = split_data(cfg)
     assert split.holdout == {10, 12}                           # part 2 holds rows 10..14: its rows 0 and 2
@@ -317,8 +318,8 @@ def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target
     """``train-correction --taps cached`` reads each row's taps by its number across the parts (one row of
     part 1 left out shifts the rest) and gives the online path's features and weights; a missing cache is
     refused with the command that builds it."""
-    import jetflow.drafting.profile
-    import jetflow.drafting.proposers
+    import jetflow.data.holdout
+    import jetflow.drafting.methods
     import jetflow.engine.target
     from jetflow.drafting.correction import load_correction
     from jetflow.training.correction_train import CorrectionTrainConfig, train_correction
@@ -328,9 +329,9 @@ def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target
     head_dir.mkdir()
     proposer = HeadProposer(head, target, "best_prefix")
     monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path))  # the data lies in the cache folder
-    monkeypatch.setattr(jetflow.drafting.profile, "heldout_prompts", lambda n, **kw: [{"id": "src1:1-1"}])
+    monkeypatch.setattr(jetflow.data.holdout, "heldout_prompts", lambda n, **kw: [{"id": "src1:1-1"}])
     monkeypatch.setattr(jetflow.engine.target, "load_target", lambda *a, **kw: target)
-    monkeypatch.setattr(jetflow.drafting.proposers, "make_proposer", lambda *a, **kw: proposer)
+    monkeypatch.setattr(jetflow.drafting.methods, "make_proposer", lambda *a, **kw: proposer)
     files = data_files(folder)
     build_all(target, files, [cache_for(tmp_path / "taps", f, True) for f in files], layers=proposer.taps,
               max_len=64, progress=False)

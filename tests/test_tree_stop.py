@@ -7,9 +7,10 @@ import torch
 
 from fakes import random_profile
 from jetflow.evaluation import replay as rp
-from jetflow.evaluation.budget import COST_FILE, CostCurve, load_cost, save_cost
+from jetflow.drafting.cost import COST_FILE, CostCurve, load_cost, save_cost
 from jetflow.engine.decode import generate
-from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
+from jetflow.drafting.proposers import HeadProposer, LookupMerged
+from jetflow.drafting.methods import make_proposer
 from jetflow.training.train import TrainConfig, build_head
 from jetflow.engine.tree import BUILDERS, calibrated_prefix, calibrated_stop, stop_size
 

@@ -1,4 +1,5 @@
-"""The method registry: every decoding method of the kit, one frozen entry each, in report order.
+"""The method registry: every decoding method of the kit, one frozen entry each, in report order, and
+``make_proposer``, the one place that turns a method name into its proposer (drafting's composition root).
 
 Everything that lists methods reads this table: ``make_proposer``, the bench (which methods take a
 budget, which run transformers' own ``generate``), replay (the head methods), the report's row order,
@@ -18,8 +19,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from .proposers import LookupProposer, RandomProposer
+import torch
+
+from .checkpoint import check_compatible
+from .correction import load_correction
+from .cost import load_cost
+from .head import DraftHead
+from .profile import load_profile
+from .proposers import HeadProposer, LookupMerged, LookupProposer, RandomProposer, default_draft_dtype
 from jetflow.engine.tree import BUILDERS
+from jetflow.util.paths import shipped_head_dir
 
 
 @dataclass(frozen=True)
@@ -148,3 +157,28 @@ def describe() -> str:
     """One line per method, ``name: description`` (marked when beyond the paper), for docstrings."""
     return "\n".join(f"- ``{m.name}``: {m.description}" + (" (beyond the paper)" if m.beyond_paper else "")
                      for m in _REGISTRY)
+
+
+def make_proposer(method: str, target, *, head: str | None = None, width: int = 7,
+                  draft_dtype: torch.dtype | None = None):
+    """Proposer for a registered method (``ar`` -> None): a training-free one from its entry, else its head
+    kind's head (``head``: a directory or hub id, default: the head shipped for the embedded target) in
+    ``draft_dtype`` (default: ``default_draft_dtype(target)``) under its tree builder, with the acceptance
+    profile, the path correction and the cost curve saved beside the head (if any) and lookup branches
+    merged in when the entry says so."""
+    check([method])
+    m = METHODS[method]
+    if m.proposer is not None:
+        return m.proposer(target)
+    if m.head is None:
+        if m.decodes:
+            return None  # ar: every tree is the root alone
+        raise ValueError(f"{method!r} runs transformers' own generate; it has no proposer")
+    path = head or shipped_head_dir(m.head)
+    draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
+    draft = draft.to(target.device)
+    check_compatible(draft.config, target.config)
+    correction = load_correction(path)
+    proposer = HeadProposer(draft, target, m.builder, width, load_profile(path),
+                            None if correction is None else correction.to(target.device), load_cost(path))
+    return LookupMerged(proposer) if m.lookup_merged else proposer

@@ -6,8 +6,8 @@ Protocol (duck-typed): ``taps`` (target decoder layers the proposer reads, empty
 (T_new, L, H) are the target taps of committed tokens not yet shown to the proposer (None when
 ``taps`` is empty). The returned tree's root token must be the anchor.
 
-Training-free proposers live here; head-based ones (``jetflow``, ``dflash``, ``ddtree``) too,
-built from a trained ``DraftHead`` by ``head_proposer``.
+Training-free proposers live here; head-based ones (``jetflow``, ``dflash``, ``ddtree``) too, built
+from a trained ``DraftHead``. ``jetflow.drafting.methods.make_proposer`` turns a method name into one.
 """
 from __future__ import annotations
 
@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import check_compatible
-from .correction import PathCorrection, candidates, load_correction, path_table
-from .head import DraftHead, HeadState
-from jetflow.util.paths import shipped_head_dir
+from .correction import PathCorrection, candidates, path_table
+from .head import HeadState
 from jetflow.engine.tree import BUILDERS, AcceptanceProfile, Tree, accum_logp, merge, tree_builder
 
 
@@ -152,7 +150,7 @@ class HeadProposer:
     width: int = 7
     profile: AcceptanceProfile | None = None
     correction: PathCorrection | None = None
-    cost: object | None = None  # budget.CostCurve saved beside the head, for the builders that take one
+    cost: object | None = None  # cost.CostCurve saved beside the head, for the builders that take one
     embed: torch.Tensor = field(init=False, repr=False)   # (V, H) the target's embedding, head dtype
     out: torch.Tensor = field(init=False, repr=False)     # (K, H) its lm_head rows of the draft vocabulary
     vocab: torch.Tensor | None = field(init=False, repr=False)  # (K,) draft columns -> token ids, on CPU
@@ -252,29 +250,3 @@ class LookupMerged:
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
         return self.merged(tokens, self.inner.propose(state, tokens, new_taps, budget), budget)
 
-
-def make_proposer(method: str, target, *, head: str | None = None, width: int = 7,
-                  draft_dtype: torch.dtype | None = None):
-    """Proposer for a registered method (``jetflow.drafting.methods``; ``ar`` -> None): a training-free one from
-    its entry, else its head kind's head (``head``: a directory or hub id, default: the head shipped for
-    the embedded target) in ``draft_dtype`` (default: ``default_draft_dtype(target)``) under its tree
-    builder, with the acceptance profile and the path correction saved beside the head (if any) and lookup
-    branches merged in when the entry says so."""
-    from .methods import method as entry  # the registry imports the proposer classes above
-    m = entry(method)
-    if m.proposer is not None:
-        return m.proposer(target)
-    if m.head is None:
-        if m.decodes:
-            return None  # ar: every tree is the root alone
-        raise ValueError(f"{method!r} runs transformers' own generate; it has no proposer")
-    path = head or shipped_head_dir(m.head)
-    draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
-    draft = draft.to(target.device)
-    check_compatible(draft.config, target.config)
-    from jetflow.evaluation.budget import load_cost
-    from .profile import load_profile
-    correction = load_correction(path)
-    proposer = HeadProposer(draft, target, m.builder, width, load_profile(path),
-                            None if correction is None else correction.to(target.device), load_cost(path))
-    return LookupMerged(proposer) if m.lookup_merged else proposer

@@ -372,7 +372,7 @@ def calibrated_stop(logp: torch.Tensor, budget: int, root: int, profile: "Accept
     """Calibrated best prefixes with a per-round budget (beyond the paper): ``calibrated_prefix``'s nodes in
     its best-first order, each worth its calibrated path acceptance (exp of its score, the tokens it adds
     to tau in expectation), kept up to the first one whose acceptance no longer pays for its marginal
-    round cost (``stop_size``; ``cost.round_costs(n)``: a measured curve, ``budget.CostCurve``). So a
+    round cost (``stop_size``; ``cost.round_costs(n)``: a measured curve, ``jetflow.drafting.cost.CostCurve``). So a
     round with a confident draft verifies a large tree and a flat one a small tree, ``budget`` the cap."""
     if cost is None:
         raise ValueError("calibrated_stop needs a round-cost curve (verify_cost.json beside the head; measure "

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from jetflow.util import jsonl
 from jetflow.data import prompts as data
 from jetflow.drafting import methods as registry
+from jetflow.drafting.cost import interp_cost
 from jetflow.data.prompts import DATASETS
 from jetflow.engine.decode import check_temperature, generate
 from jetflow.util.flags import comma_list, option
@@ -51,7 +52,7 @@ from jetflow.results.report import CHAIN_NOTE, HF_NOTE
 from jetflow.results.report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
 from jetflow.results.report import write_rows as write
 from .journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
-from jetflow.drafting.proposers import make_proposer
+from jetflow.drafting.methods import make_proposer
 from jetflow.engine.target import DTYPES, Target
 
 
@@ -231,7 +232,7 @@ def run_auto(target: Target, methods: Sequence[str], prompts_by_dataset, budgets
     if cost is None:
         sizes = sorted({1, *(b + 1 for b in budgets)})
         cost = bud.measure_verify_cost(target, sizes, past_len=min(256, target.max_context - sizes[-1]))
-    rows, ar_table = [], [{"budget": None, "predicted_tokens_per_s": 1 / bud.interp_cost(cost, 1)}]
+    rows, ar_table = [], [{"budget": None, "predicted_tokens_per_s": 1 / interp_cost(cost, 1)}]
     for ds, prompts in prompts_by_dataset.items():
         sample = list(prompts)[:calib_prompts]
         picked, tables = {}, {"ar": ar_table}

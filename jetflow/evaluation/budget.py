@@ -13,16 +13,13 @@ the head.
     cal = calibrate(target, "lookup", prompts, [16, 32, 64])  # tau and draft seconds per budget
     best, table = pick_budget(cal.tau, cost, draft_s=cal.draft_s)
 
-The same curve in AR steps, plus one draft pass, saved beside the causal head (``CostCurve``,
-``python -m jetflow cost --out data/heads/smollm2-135m-jetflow``), is what the per-round stop rule
-(``tree.calibrated_stop``, the ``jetflow-stop`` method) weighs each next node against.
+The same curve in AR steps, plus one draft pass, measured here and saved beside the causal head
+(``measure_cost``, ``python -m jetflow cost --out data/heads/smollm2-135m-jetflow``) as a
+``jetflow.drafting.cost.CostCurve``, is what the per-round stop rule (``tree.calibrated_stop``, the
+``jetflow-stop`` method) weighs each next node against.
 """
 from __future__ import annotations
 
-import bisect
-import functools
-import json
-import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -33,9 +30,11 @@ import torch
 
 from jetflow.engine import metrics
 from jetflow.engine.decode import generate, verify_step
+from jetflow.util import hardware
 from jetflow.util.flags import option
-from jetflow.drafting.proposers import make_proposer
-from jetflow.engine.target import Target, keep_path
+from jetflow.drafting.cost import COST_SIZES, CostCurve, interp_cost, save_cost
+from jetflow.drafting.methods import make_proposer
+from jetflow.engine.target import Target, keep_path, load_target
 from jetflow.engine.tree import Tree, accum_logp
 from jetflow.engine.verify import greedy_accept
 
@@ -49,7 +48,7 @@ def random_tree(size: int, vocab_size: int, gen: torch.Generator, depths: int = 
     return accum_logp(logp, size - 1, root, width)
 
 
-def _time_verify(target: Target, cache, tree: Tree, past_len: int) -> float:
+def time_verify_step(target: Target, cache, tree: Tree, past_len: int) -> float:
     """Seconds for one verify step as the decode loop runs it: forward, accept, cache back to the prefix."""
     t0 = time.perf_counter()
     _, step = verify_step(target, tree, cache, ())
@@ -76,31 +75,17 @@ def measure_verify_cost(target: Target, sizes: Sequence[int] = (1, 16, 32, 64, 1
     target.forward(torch.randint(vocab, (past_len,), generator=gen), cache)
     trees = {k: random_tree(k, vocab, gen) for k in sorted(set(sizes))}
     for tree in trees.values():  # warm-up: first calls of each shape pay one-off costs
-        _time_verify(target, cache, tree, past_len)
+        time_verify_step(target, cache, tree, past_len)
     times = {k: [] for k in trees}
     for _ in range(repeats):  # sizes interleaved, so machine drift hits them alike
         for k, tree in trees.items():
-            times[k].append(_time_verify(target, cache, tree, past_len))
+            times[k].append(time_verify_step(target, cache, tree, past_len))
     return {k: statistics.median(t) for k, t in times.items()}
 
 
 def relative(cost_by_size: Mapping[int, float]) -> dict[int, float]:
     """Cost relative to a one-token forward (needs size 1)."""
     return {k: c / cost_by_size[1] for k, c in sorted(cost_by_size.items())}
-
-
-def interp_cost(cost_by_size: Mapping[int, float], size: int) -> float:
-    """Cost at ``size``: measured, or interpolated linearly in log(cost) vs log(size) between the two
-    nearest measured sizes. Sizes outside the measured range raise rather than extrapolate."""
-    xs = sorted(cost_by_size)
-    if size in cost_by_size:
-        return cost_by_size[size]
-    if not xs or not xs[0] < size < xs[-1]:
-        raise ValueError(f"size {size} is outside the measured sizes {xs}; measure it")
-    hi = bisect.bisect(xs, size)
-    lo = hi - 1
-    t = (math.log(size) - math.log(xs[lo])) / (math.log(xs[hi]) - math.log(xs[lo]))
-    return math.exp((1 - t) * math.log(cost_by_size[xs[lo]]) + t * math.log(cost_by_size[xs[hi]]))
 
 
 def _per_budget(value: float | Mapping[int, float], budget: int) -> float:
@@ -174,63 +159,6 @@ def auto_budget(target: Target, method: str, prompts, *, budgets: Sequence[int] 
     return best, next(row["predicted_tokens_per_s"] for row in table if row["budget"] == best)
 
 
-# ----------------------------------------------------------------------------- the committed cost curve
-COST_FILE = "verify_cost.json"  # beside the causal head: the round-cost curve the per-round stop rule reads
-COST_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # verified tokens, root included
-
-
-@dataclass(frozen=True)
-class CostCurve:
-    """A measured round cost in AR steps (one-token verifies): ``ar_steps`` maps k verified tokens (root
-    included) to the verify forward's cost, ``draft`` is one head pass. ``round_costs`` is what the
-    ``calibrated_stop`` builder reads."""
-    ar_steps: dict[int, float]
-    draft: float = 0.0
-
-    def __post_init__(self):
-        if 1 not in self.ar_steps or self.draft < 0:
-            raise ValueError(f"a cost curve needs size 1 and a draft cost >= 0, got sizes {sorted(self.ar_steps)} "
-                             f"and draft {self.draft}")
-
-    def round_cost(self, size: int) -> float:
-        """AR steps of a round that verifies ``size`` tokens: the draft pass plus the verify forward."""
-        return self.draft + interp_cost(self.ar_steps, size)
-
-    @functools.lru_cache(maxsize=8)
-    def round_costs(self, n: int) -> tuple[float, ...]:
-        """Entry k (1 <= k <= n): ``round_cost(k)``; entry 0 is unused (0.0)."""
-        return (0.0, *(self.round_cost(k) for k in range(1, n + 1)))
-
-    __hash__ = object.__hash__  # one curve per proposer: cached by identity
-
-    def predicted_speedup(self, sizes: Sequence[int], committed: Sequence[int]) -> float | None:
-        """Predicted decode speed over AR of rounds that verified ``sizes`` tokens and committed ``committed``:
-        tokens per AR step (an AR round verifies 1 token, commits 1, and drafts nothing)."""
-        cost = sum(self.round_cost(k) for k in sizes)
-        return sum(committed) / cost * interp_cost(self.ar_steps, 1) if cost else None
-
-
-def save_cost(curve: CostCurve, folder: str | Path, **about) -> Path:
-    """Write ``COST_FILE`` under ``folder`` with the measurement's settings (``about``)."""
-    path = Path(folder) / COST_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"ar_steps": {str(k): v for k, v in sorted(curve.ar_steps.items())}, "draft": curve.draft, **about}
-    path.write_text(json.dumps(body, indent=2) + "\n")
-    return path
-
-
-def load_cost(folder: str | Path | None) -> CostCurve | None:
-    """The cost curve saved in ``folder`` (a head directory), None when it has none."""
-    path = Path(folder) / COST_FILE if folder else None
-    if path is None or not path.is_file():
-        return None
-    body = json.loads(path.read_text())
-    try:
-        return CostCurve({int(k): float(v) for k, v in body["ar_steps"].items()}, float(body["draft"]))
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{path} is not a cost curve ({err}); measure it again with python -m jetflow cost") from None
-
-
 @dataclass(frozen=True)
 class CostConfig:
     """``python -m jetflow cost``: the round-cost curve of this machine, saved beside the causal head."""
@@ -258,8 +186,6 @@ def measure_cost(cfg: CostConfig) -> Path:
     """Measure the verify curve (``measure_verify_cost``, relative to its one-token step) and one draft pass
     (median draft seconds of ``draft_method``'s rounds over the median AR step of the same prompt, both
     decoded here), save both beside the head."""
-    from jetflow.util import hardware
-    from jetflow.engine.target import load_target
     target = load_target(cfg.model, dtype=cfg.dtype)
     seconds = measure_verify_cost(target, cfg.sizes, past_len=cfg.past_len, repeats=cfg.repeats)
     proposer = make_proposer(cfg.draft_method, target, draft_dtype=target.dtype)

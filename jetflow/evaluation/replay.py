@@ -35,8 +35,9 @@ from jetflow.data.prompts import DATASETS
 from jetflow.engine.decode import Round, generate
 from jetflow.util.flags import comma_list, option
 from jetflow.engine.metrics import round_stats
-from .budget import CostCurve, load_cost
-from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
+from jetflow.drafting.cost import CostCurve, load_cost
+from jetflow.drafting.proposers import HeadProposer, LookupMerged
+from jetflow.drafting.methods import make_proposer
 from jetflow.util.paths import shipped_head_dir
 from jetflow.training.provenance import environment
 from jetflow.results.report import REPLAY_NOTE, write_rows

@@ -48,7 +48,7 @@ class Entry:
         """rows -> the folder's table.md (the subcommand's own table)."""
         from jetflow.training.correction_train import cost_markdown
         from .curve import to_markdown as curve_markdown
-        from jetflow.drafting.profile import diagnosis_markdown
+        from .diagnose import diagnosis_markdown
         from .speed import to_markdown as speed_markdown
         from .throughput import to_markdown as throughput_markdown
         return {"replay": replay_markdown, "diagnose": diagnosis_markdown, "speed": speed_markdown,

@@ -35,7 +35,8 @@ from jetflow.evaluation.budget import measure_verify_cost
 from jetflow.engine.compiled import QUERY_SIZES, CompileConfig, compile_target
 from jetflow.engine.decode import generate
 from jetflow.drafting import methods as registry
-from jetflow.drafting.proposers import LookupMerged, make_proposer
+from jetflow.drafting.proposers import LookupMerged
+from jetflow.drafting.methods import make_proposer
 from .speed_bounds import PROBES, probe_rows, profile_rows
 from jetflow.engine.target import Target, embedded_gguf, load_target
 

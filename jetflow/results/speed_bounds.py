@@ -16,7 +16,7 @@ import gc
 
 import torch
 
-from jetflow.evaluation.budget import _time_verify, random_tree
+from jetflow.evaluation.budget import random_tree, time_verify_step
 from jetflow.engine.compiled import QUERY_SIZES, CompileConfig, compile_target
 from jetflow.engine.target import Target, load_target
 
@@ -50,9 +50,9 @@ def profile_rows(paths: dict[str, Target], sizes: tuple[int, ...], past_len: int
         target.forward(torch.randint(vocab, (past_len,), generator=gen), cache)
         for k in sizes:
             tree = random_tree(k, vocab, gen)
-            _time_verify(target, cache, tree, past_len)  # the first call pays one-off costs
+            time_verify_step(target, cache, tree, past_len)  # the first call pays one-off costs
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                total = sum(_time_verify(target, cache, tree, past_len) for _ in range(calls))
+                total = sum(time_verify_step(target, cache, tree, past_len) for _ in range(calls))
             parts = {"lm_head": 0.0, "linears": 0.0, "attention": 0.0}
             for ev in prof.key_averages(group_by_input_shape=True):
                 part = _part(ev.key, ev.input_shapes or [], vocab)

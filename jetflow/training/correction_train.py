@@ -74,10 +74,10 @@ def training_rows(cfg: CorrectionTrainConfig) -> list[dict]:
 
 def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int, dict]]]:
     """(the data files, [(row number across the files in order, row)]): the regenerated rows used, minus the held-out training prompts of the acceptance profile
-    (``profile.heldout_prompts``: the diagnosis reads them, so the correction never trains on them) and the
+    (``holdout.heldout_prompts``: the diagnosis reads them, so the correction never trains on them) and the
     rows the head's own training held out for its profile (``train --holdout``)."""
     from jetflow.data.prompts import load_regenerated
-    from jetflow.drafting.profile import head_holdout_ids, heldout_prompts
+    from jetflow.data.holdout import head_holdout_ids, heldout_prompts
     from jetflow.util.paths import shipped_head_dir
     folder = Path(cfg.data).expanduser()
     files = sorted(folder.glob("part-*.jsonl")) if folder.is_dir() else [folder]
@@ -289,7 +289,7 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     """Features (cached), epochs, then ``correction.safetensors`` + ``correction.json`` in the head folder
     with the command, the data, the held-out history and no machine-local path."""
     from jetflow.util.paths import cache_dir, portable_path, shell_join
-    from jetflow.drafting.proposers import make_proposer
+    from jetflow.drafting.methods import make_proposer
     from jetflow.util.paths import shipped_head_dir
     from jetflow.engine.target import load_target
     head_dir = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
@@ -345,7 +345,7 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     from jetflow.data.prompts import load_prompts
     from jetflow.engine.decode import verify_step
     from jetflow.engine.target import keep_path
-    from jetflow.drafting.proposers import make_proposer
+    from jetflow.drafting.methods import make_proposer
     from .provenance import environment
     from jetflow.engine.target import load_target
     from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix

@@ -55,6 +55,7 @@ from tqdm.auto import tqdm
 
 from jetflow.util import jsonl
 from jetflow.data.prompts import data_files, is_last_part, load_regenerated
+from jetflow.data.holdout import holdout_rows
 from jetflow.util.paths import portable_path, shell_join
 from jetflow.util.flags import command_args, option
 from jetflow.drafting.checkpoint import init_from_target
@@ -564,18 +565,6 @@ def split_data(cfg: TrainConfig) -> Split:
     if not indexed:
         raise ValueError(f"no training sequence in {cfg.data} has a response token to anchor on")
     return Split(files, rows, held, indexed, tail)
-
-
-def holdout_rows(rows: list[dict], n: int, path: Path | str = "the data") -> list[int]:
-    """The row numbers ``train --holdout n`` never trains on in the data's last file: n evenly spaced rows
-    (a regenerated file is sorted by prompt length, so they span all lengths). A chunked part must be
-    whole (``regenerate`` writes its .meta.json at the end), or the rows would move as it grows."""
-    path = Path(path)
-    if not 0 < n < len(rows):
-        raise ValueError(f"cannot hold out {n} of the {len(rows)} rows of {path}")
-    if path.name.startswith("part-") and not path.with_name(path.name + ".meta.json").is_file():
-        raise ValueError(f"{path} is still being regenerated (no {path.name}.meta.json); hold rows out of a whole part")
-    return [i * len(rows) // n for i in range(n)]
 
 
 def taps_source(cfg: TrainConfig, target, files: list[Path], head: DraftHead):

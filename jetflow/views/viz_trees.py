@@ -1,4 +1,4 @@
-"""Figures of where trees are accepted: the diagnosis rows of ``jetflow.drafting.profile`` (``python -m jetflow
+"""Figures of where trees are accepted: the diagnosis rows of ``jetflow.results.diagnose`` (``python -m jetflow
 diagnose``) as plotly figures. Like ``viz``, every function takes rows and returns a ``go.Figure``; the
 numbers are the rows' own (``spine_series`` and ``heatmap_grid`` are the pure helpers, tested)."""
 from __future__ import annotations
