@@ -45,12 +45,12 @@ from jetflow.drafting import methods as registry
 from jetflow.data.prompts import DATASETS
 from jetflow.engine.decode import check_temperature, generate
 from jetflow.util.flags import comma_list, option
-from jetflow.engine.metrics import RoundStat, predicted_speedups, summarize
+from jetflow.engine.metrics import PromptRun, RoundStat, predicted_speedups, summarize
 from jetflow.training.provenance import environment
 from jetflow.results.report import CHAIN_NOTE, HF_NOTE
 from jetflow.results.report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
 from jetflow.results.report import write_rows as write
-from .journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
+from .journal import Journal, head_fingerprint, journal_settings, text_sha
 from jetflow.drafting.proposers import make_proposer
 from jetflow.engine.target import DTYPES, Target
 
