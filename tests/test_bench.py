@@ -8,10 +8,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from jetflow.evaluation import bench
-from jetflow.results import report
+from jetflow.evaluation.rows import CONVENTIONS
 from jetflow.engine import metrics
 from metrics_cases import HAND_ROUNDS
-from jetflow.engine.decode import Round
 from jetflow.drafting.proposers import LookupProposer
 from jetflow.engine.target import Target
 
@@ -72,7 +71,7 @@ def test_run_rows_on_tiny_model(target, tmp_path):
     assert hf["tau"] is None and hf["prefill_s"] is None and "note" in hf
 
     md = bench.to_markdown(rows)
-    assert md.startswith(report.CONVENTIONS) and md.count("| lookup |") == 4 and "hf: " in md
+    assert md.startswith(CONVENTIONS) and md.count("| lookup |") == 4 and "hf: " in md
     out = bench.write(rows, tmp_path / "res")
     assert json.loads((out / "rows.json").read_text())[1]["budget"] == 2
     assert (out / "table.md").read_text() == md

@@ -67,7 +67,7 @@ def _rows(folder, rows):
 
 
 def test_headline_takes_each_methods_best_budget_within_its_own_run(tmp_path):
-    from jetflow.evaluation.bench import CHAIN_NOTE
+    from jetflow.evaluation.rows import CHAIN_NOTE
     base = {"identical_to_ar": 3, "n_prompts": 4, "tokens_per_s": 10.0, "hardware": "a CPU", "dtype": "bfloat16",
             "torch": "2.x"}
     for ds in ("gsm8k", "math500"):
@@ -94,7 +94,7 @@ def test_headline_takes_each_methods_best_budget_within_its_own_run(tmp_path):
 
 
 def test_grid_marks_reused_budgets_budget_free_methods_and_each_rows_best(tmp_path):
-    from jetflow.evaluation.bench import CHAIN_NOTE
+    from jetflow.evaluation.rows import CHAIN_NOTE
     base = {"dataset": "math500", "identical_to_ar": 2, "n_prompts": 3, "tokens_per_s": 12.34}
     rows = [{**base, "method": "ar", "budget": None, "tau": 1.0, "speedup": 1.0},
             {**base, "method": "hf-lookup", "budget": None, "tau": None, "speedup": 1.5},

@@ -289,7 +289,7 @@ def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     from jetflow.util.paths import cache_dir
     from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
-    from jetflow.training.provenance import environment
+    from jetflow.util.hardware import environment
     from jetflow.evaluation.replay import Trace
     from jetflow.engine.target import load_target
     out = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
@@ -354,7 +354,7 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     from jetflow.data.prompts import load_prompts
     from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
-    from jetflow.training.provenance import environment
+    from jetflow.util.hardware import environment
     from jetflow.evaluation.replay import ar_traces, trace_cache
     from jetflow.engine.target import load_target
     target = load_target(None, dtype="float32")

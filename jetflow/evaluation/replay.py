@@ -38,9 +38,9 @@ from jetflow.engine.metrics import round_stats
 from .budget import CostCurve, load_cost
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
 from jetflow.util.paths import shipped_head_dir
-from jetflow.training.provenance import environment
-from jetflow.results.report import REPLAY_NOTE, write_rows
-from jetflow.results.report import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
+from jetflow.util.hardware import environment
+from .rows import REPLAY_NOTE, write_rows
+from .rows import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
 from jetflow.engine.tree import BUILDERS, Tree, tree_builder
 from jetflow.engine.verify import greedy_accept
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .report import RESULTS, bench_markdown, replay_markdown
+from .report import RESULTS
+from jetflow.evaluation.rows import bench_markdown, replay_markdown
 
 COMMON = ("--limit", "20", "--max-new-tokens", "256")
 GRID_METHODS = "ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow"

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from jetflow.evaluation.rows import at_budget
 from .viz import PALETTE, TEMPLATE
 
 
@@ -48,7 +49,6 @@ def heads_curves(histories: Mapping[str, Sequence[dict]], title: str = "Held-out
 def data_curve(rows: Sequence[dict], budget: int) -> go.Figure:
     """Replayed tau at ``budget`` against the response tokens each head saw in training (log x): one panel
     per dataset, one line per head method (``jetflow.results.curve`` rows: ``response_tokens_seen``, ``tau``)."""
-    from jetflow.results.curve import at_budget
     picked = at_budget(list(rows), budget)
     datasets, methods = list(dict.fromkeys(r["dataset"] for r in picked)), list(dict.fromkeys(r["method"] for r in picked))
     fig = make_subplots(rows=1, cols=len(datasets), subplot_titles=datasets, shared_yaxes=True)
