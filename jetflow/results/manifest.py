@@ -50,7 +50,7 @@ class Entry:
         from jetflow.training.correction_train import cost_markdown
         from .curve import to_markdown as curve_markdown
         from jetflow.drafting.profile import diagnosis_markdown
-        from .speed import to_markdown as speed_markdown
+        from .speed_table import to_markdown as speed_markdown
         from .throughput import to_markdown as throughput_markdown
         return {"replay": replay_markdown, "diagnose": diagnosis_markdown, "speed": speed_markdown,
                 "correction-cost": cost_markdown, "throughput": throughput_markdown,
