@@ -443,7 +443,7 @@ def add_train_correction(sub) -> None:
 
 def cmd_correction_cost(args) -> int:
     from jetflow.training.correction_train import CostConfig, correction_cost, cost_markdown
-    from jetflow.results.report import write_rows
+    from jetflow.evaluation.rows import write_rows
     rows = correction_cost(CostConfig(**given(args, CostConfig)))
     if args.out:
         print(f"wrote {write_rows(rows, args.out, cost_markdown)}", file=sys.stderr)
@@ -461,7 +461,7 @@ def add_correction_cost(sub) -> None:
 
 def cmd_diagnose(args) -> int:
     from jetflow.results.diagnose import DiagnoseConfig, diagnose, diagnosis_markdown
-    from jetflow.results.report import write_rows
+    from jetflow.evaluation.rows import write_rows
     rows = diagnose(DiagnoseConfig(**given(args, DiagnoseConfig)), progress=not args.json)
     if args.out:
         print(f"wrote {write_rows(rows, args.out, diagnosis_markdown)}", file=sys.stderr)
@@ -547,7 +547,7 @@ def add_results(sub) -> None:
 def cmd_throughput(args) -> int:
     from jetflow.util import checks
     from jetflow.results import throughput
-    from jetflow.results.report import write_rows
+    from jetflow.evaluation.rows import write_rows
     cfg = throughput.ThroughputConfig(**given(args, throughput.ThroughputConfig))
     checks.positive(prompts=cfg.prompts, steps=cfg.steps, rounds=cfg.rounds, seqs_per_step=cfg.seqs_per_step,
                     max_new_tokens=cfg.max_new_tokens, anchors=min(cfg.anchors, default=0))

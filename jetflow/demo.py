@@ -28,7 +28,7 @@ from jetflow.evaluation import bench
 from jetflow.data.prompts import math_prompt
 from jetflow.drafting.methods import names
 from jetflow.engine.metrics import summarize
-from jetflow.training.provenance import environment
+from jetflow.util.hardware import environment
 from jetflow.engine.target import DTYPES, Target, load_target
 
 PROMPTS = (  # a math word problem in the benchmarks' format, a code edit, another word problem

@@ -36,7 +36,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 # notebook stem -> [(png, the code cell whose output is shot (last match with a figure), plotly figures in it)]
 TARGETS = {
     "00_quickstart": [("00_round.png", re.compile(r"viz\.render_round\(res, best"), 1),
-                      ("00_tokens_per_round.png", re.compile(r"viz\.tokens_per_round\(res\)"), 1)],
+                      ("00_tokens_per_round.png", re.compile(r"viz_rounds\.tokens_per_round\(res\)"), 1)],
     "01_how_jetflow_drafts": [
         ("01_toy_table.png", re.compile(r"viz\.logp_table\(toy"), 1),
         ("01_toy_best_prefix.png", re.compile(r'viz\.tree_figure\(toy_trees\["best_prefix"\]'), 1),
@@ -45,15 +45,15 @@ TARGETS = {
         ("01_real_table.png", re.compile(r"viz\.logp_table\(logp"), 1),
         ("01_tree.png", re.compile(r"viz\.tree_figure\(trees\[16\]"), 1),
         ("01_verify_mask.png", re.compile(r"viz\.tree_mask\("), 1),
-        ("01_acceptance_table.png", re.compile(r"viz\.acceptance_table\("), 1),
+        ("01_acceptance_table.png", re.compile(r"viz_rounds\.acceptance_table\("), 1),
         ("01_round.png", re.compile(r"viz\.tree_figure\(rnd"), 1),
-        ("01_cost.png", re.compile(r"viz\.verify_cost\("), 1),
-        ("01_sampling.png", re.compile(r"viz\.distribution_check\("), 1)],
+        ("01_cost.png", re.compile(r"viz_rows\.verify_cost\("), 1),
+        ("01_sampling.png", re.compile(r"viz_rounds\.distribution_check\("), 1)],
     "02_train_a_draft_head": [("02_tau_curve.png", re.compile(r"curve\.plot\(curve_rows"), 1)],
-    "03_tree_explorer": [("03_acceptance_heatmap.png", re.compile(r"viz\.acceptance_heatmap\("), 1)],
-    "05_budget_scaling": [("05_live_tau.png", re.compile(r'viz\.budget_curve\(tree_rows, "tau"\)'), 1),
+    "03_tree_explorer": [("03_acceptance_heatmap.png", re.compile(r"viz_rounds\.acceptance_heatmap\("), 1)],
+    "05_budget_scaling": [("05_live_tau.png", re.compile(r'viz_rows\.budget_curve\(tree_rows, "tau"\)'), 1),
                           ("05_replayed_tau.png", re.compile(r'in METHODS\], "tau"\)'), 1),
-                          ("05_decoded_speedup.png", re.compile(r'viz\.budget_curve\(grid, "speedup"\)'), 1)],
+                          ("05_decoded_speedup.png", re.compile(r'viz_rows\.budget_curve\(grid, "speedup"\)'), 1)],
 }
 EXPLORER_CELL = re.compile(r"explorer = TreeExplorer\(")  # 03: the cell whose widget is driven by hand
 SETTINGS = {  # JupyterLab user settings: never save, no toasts, every cell in the DOM

@@ -8,10 +8,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from jetflow.evaluation import bench
-from jetflow.results import report
+from jetflow.evaluation.rows import CONVENTIONS
 from jetflow.engine import metrics
 from metrics_cases import HAND_ROUNDS
-from jetflow.engine.decode import Round
 from jetflow.drafting.proposers import LookupProposer
 from jetflow.engine.target import Target
 
@@ -72,7 +71,7 @@ def test_run_rows_on_tiny_model(target, tmp_path):
     assert hf["tau"] is None and hf["prefill_s"] is None and "note" in hf
 
     md = bench.to_markdown(rows)
-    assert md.startswith(report.CONVENTIONS) and md.count("| lookup |") == 4 and "hf: " in md
+    assert md.startswith(CONVENTIONS) and md.count("| lookup |") == 4 and "hf: " in md
     out = bench.write(rows, tmp_path / "res")
     assert json.loads((out / "rows.json").read_text())[1]["budget"] == 2
     assert (out / "table.md").read_text() == md
@@ -94,8 +93,8 @@ def test_run_interleaves_prompt_by_prompt_ar_first(target, monkeypatch):
 
 
 def test_runs_round_trip_through_json():
-    run = bench.PromptRun([1, 2], 2, 0.5, 0.1, [metrics.RoundStat.of(r) for r in HAND_ROUNDS])
-    assert bench.PromptRun.from_json(json.loads(json.dumps(run.to_json()))) == run
+    run = metrics.PromptRun([1, 2], 2, 0.5, 0.1, [metrics.RoundStat.of(r) for r in HAND_ROUNDS])
+    assert metrics.PromptRun.from_json(json.loads(json.dumps(run.to_json()))) == run
 
 
 REAL_RUN_CONFIG = bench.run_config
@@ -171,8 +170,8 @@ def test_journal_refuses_other_settings_and_tolerates_a_cut_last_line(target, tm
 
 def test_journal_refuses_runs_of_another_head(tmp_path):
     book = bench.Journal(tmp_path / "runs.jsonl", {"model": "m"})
-    book.record("gsm8k", 0, "p0", {"ar": (None, bench.PromptRun([1], 1, 0.1, 0.0)),
-                                   "jetflow@16": ("aaaa", bench.PromptRun([1], 1, 0.1, 0.0))})
+    book.record("gsm8k", 0, "p0", {"ar": (None, metrics.PromptRun([1], 1, 0.1, 0.0)),
+                                   "jetflow@16": ("aaaa", metrics.PromptRun([1], 1, 0.1, 0.0))})
     reread = bench.Journal(tmp_path / "runs.jsonl", {"model": "m"})
     assert reread.done("gsm8k", 0, "p0", {"ar": None, "jetflow@16": "aaaa"})["ar"].tokens == [1]
     assert reread.done("gsm8k", 1, "p1", {"ar": None}) is None

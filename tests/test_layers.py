@@ -46,30 +46,22 @@ ALLOWLIST: set[str] = {
     "jetflow/drafting/head.py:75", "jetflow/drafting/head.py:92", "jetflow/drafting/head.py:98",
     "jetflow/drafting/head.py:313", "jetflow/drafting/head.py:319", "jetflow/drafting/head.py:341",
     "jetflow/engine/compiled.py:43", "jetflow/engine/compiled.py:44", "jetflow/engine/target.py:245",
-    "jetflow/evaluation/bench.py:50", "jetflow/evaluation/bench.py:51", "jetflow/evaluation/bench.py:52",
-    "jetflow/evaluation/bench.py:53", "jetflow/evaluation/replay.py:42", "jetflow/evaluation/replay.py:43",
-    "jetflow/evaluation/replay.py:44", "jetflow/results/curve.py:208", "jetflow/results/report.py:280",
-    "jetflow/training/provenance.py:40", "jetflow/training/taps.py:40", "jetflow/util/checks.py:88",
-    "jetflow/views/viz_train.py:51",
+    "jetflow/results/report.py:33", "jetflow/training/provenance.py:31", "jetflow/training/taps.py:40",
+    "jetflow/util/checks.py:88",
 }
 # Files and functions still over the limits, by path / "path:function"; each commit removes some.
 LONG_FILES: set[str] = {
     "jetflow/cli.py",
     "jetflow/data/prompts.py",
     "jetflow/engine/tree.py",
-    "jetflow/results/report.py",
-    "jetflow/results/speed.py",
     "jetflow/training/train.py",
-    "jetflow/views/viz.py",
 }
-LONG_FUNCTIONS: set[str] = {
-    "jetflow/results/speed.py:to_markdown",
-}
+LONG_FUNCTIONS: set[str] = set()
 # Private names of another module still used ("file:line module._name"); each commit removes some.
 PRIVATE: set[str] = {
     "jetflow/data/packed.py:72 jetflow.data.prompts._split_header",
     "jetflow/engine/compiled.py:45 jetflow.engine.target._cache_argument",
-    "jetflow/results/curve.py:194 jetflow.training.train._is_main",
+    "jetflow/results/curve.py:195 jetflow.training.train._is_main",
 }
 # Flat modules not yet moved into their folder; each commit removes some.
 UNMOVED: set[str] = set()

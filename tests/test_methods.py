@@ -5,7 +5,7 @@ import torch
 
 import jetflow
 from jetflow.drafting import methods
-from jetflow.results import report
+from jetflow.results import tables
 from jetflow.cli import build_parser
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer, RandomProposer
 from jetflow.drafting.methods import make_proposer
@@ -60,7 +60,7 @@ def test_inconsistent_entries_are_refused(bad, match):
 
 
 def test_everything_that_lists_methods_derives_from_the_registry():
-    assert report.METHOD_ORDER == methods.names()
+    assert tables.METHOD_ORDER == methods.names()
     assert all(f"``{name}``" in jetflow.__doc__ for name in methods.names())
     sub = build_parser()._subparsers._group_actions[0].choices
     generate = next(a for a in sub["generate"]._actions if a.dest == "method")

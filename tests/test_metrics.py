@@ -2,7 +2,7 @@
 import pytest
 
 from jetflow.engine import metrics
-from jetflow.evaluation.journal import PromptRun
+from jetflow.engine.metrics import PromptRun
 from metrics_cases import HAND_ROUNDS, rnd
 
 

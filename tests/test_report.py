@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from jetflow.results import report
+from jetflow.results import report, tables
 from jetflow.cli import main
 
 ROW = {"method": "jetflow", "dataset": "gsm8k", "budget": 16, "tau": 2.567, "speedup": 1.7249,
@@ -12,9 +12,9 @@ ROW = {"method": "jetflow", "dataset": "gsm8k", "budget": 16, "tau": 2.567, "spe
 
 
 def test_cells():
-    assert report.cell(ROW) == "2.57 / 1.72x (5/20)"
-    assert report.cell({**ROW, "tau": None, "speedup": None}) == "- / - (5/20)"
-    assert report.cell({"tau": 3.049}) == "3.05" and report.cell(None) == "-"
+    assert tables.cell(ROW) == "2.57 / 1.72x (5/20)"
+    assert tables.cell({**ROW, "tau": None, "speedup": None}) == "- / - (5/20)"
+    assert tables.cell({"tau": 3.049}) == "3.05" and tables.cell(None) == "-"
 
 
 def test_documents_match_the_committed_results():
@@ -67,7 +67,7 @@ def _rows(folder, rows):
 
 
 def test_headline_takes_each_methods_best_budget_within_its_own_run(tmp_path):
-    from jetflow.evaluation.bench import CHAIN_NOTE
+    from jetflow.evaluation.rows import CHAIN_NOTE
     base = {"identical_to_ar": 3, "n_prompts": 4, "tokens_per_s": 10.0, "hardware": "a CPU", "dtype": "bfloat16",
             "torch": "2.x"}
     for ds in ("gsm8k", "math500"):
@@ -83,18 +83,18 @@ def test_headline_takes_each_methods_best_budget_within_its_own_run(tmp_path):
              "identical_to_ar": 1, "dtype": "float32"},
             {**base, "dataset": ds, "method": "jetflow", "budget": 16, "tau": 2.0, "speedup": 1.1,  # sampled:
              "identical_to_ar": 0, "dtype": "float32", "temperature": 0.7}])  # not counted as fp32 identity
-    table = report.headline(tmp_path, (("ar", "grid"), ("lookup", "grid"), ("jetflow", "other"))).splitlines()
+    table = tables.headline(tmp_path, (("ar", "grid"), ("lookup", "grid"), ("jetflow", "other"))).splitlines()
     assert table[2] == "| ar | 1.00 / 1.00x (3/4) | 1.00 / 1.00x (3/4) |"
     assert table[3] == "| lookup | 2.10 / 1.60x (3/4), B=64 | 2.10 / 1.60x (3/4), B=64 |"
     assert table[4] == "| jetflow | 2.50 / 1.90x (1/4), B=8 | 2.50 / 1.90x (1/4), B=8 |"
     assert table[-1].startswith("Runs (`data/results/`, each with its own AR): `grid-*`: ar, lookup; `other-*`: jetflow.")
     assert table[-1].endswith("In fp32, 2 of 8 decoded outputs of the committed runs are identical to AR's.")
     with pytest.raises(ValueError, match="grid-gsm8k has no ddtree row"):
-        report.headline(tmp_path, (("ddtree", "grid"),))
+        tables.headline(tmp_path, (("ddtree", "grid"),))
 
 
 def test_grid_marks_reused_budgets_budget_free_methods_and_each_rows_best(tmp_path):
-    from jetflow.evaluation.bench import CHAIN_NOTE
+    from jetflow.evaluation.rows import CHAIN_NOTE
     base = {"dataset": "math500", "identical_to_ar": 2, "n_prompts": 3, "tokens_per_s": 12.34}
     rows = [{**base, "method": "ar", "budget": None, "tau": 1.0, "speedup": 1.0},
             {**base, "method": "hf-lookup", "budget": None, "tau": None, "speedup": 1.5},
@@ -104,7 +104,7 @@ def test_grid_marks_reused_budgets_budget_free_methods_and_each_rows_best(tmp_pa
             {**base, "method": "jetflow", "budget": 32, "tau": 2.2, "speedup": 1.3}]
     (tmp_path / "grid").mkdir()
     (tmp_path / "grid" / "rows.json").write_text(json.dumps(rows))
-    lines = report.grid(tmp_path, ["grid"]).splitlines()
+    lines = tables.grid(tmp_path, ["grid"]).splitlines()
     assert lines[0] == "| dataset | method | budget 16 | budget 32 |"
     assert lines[2] == "| MATH-500 | hf-lookup (no budget) | - / 1.50x (2/3) |  |"
     assert lines[3] == "| MATH-500 | dflash | 1.50 / **0.90x** (2/3) | = budget 16 |"

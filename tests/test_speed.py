@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from jetflow.results.speed import SpeedConfig, agreement_rows, decode_rows, to_markdown, verify_rows
+from jetflow.results.speed import SpeedConfig, agreement_rows, decode_rows, verify_rows
+from jetflow.results.speed_table import to_markdown
 
 
 def fake_runs():

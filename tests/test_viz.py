@@ -3,7 +3,7 @@ every figure through ``fig.to_dict()`` (traces, counts, colours, axis titles).""
 import pytest
 import torch
 
-from jetflow.views import viz
+from jetflow.views import viz, viz_rounds, viz_rows, viz_style, viz_train
 from jetflow.engine.decode import Result, Round
 from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix
 
@@ -102,9 +102,9 @@ def test_tree_figure_round_highlights_path():
     accepted, rejected = trace(fig, "accepted"), trace(fig, "rejected")
     assert list(accepted["customdata"]) == [0, 1, 4]
     assert sorted(rejected["customdata"]) == [2, 3, 5, 6]
-    assert rejected["marker"]["color"] == viz.GREY
+    assert rejected["marker"]["color"] == viz_style.GREY
     assert list(accepted["marker"]["color"]) == pytest.approx([0.0, -0.1, -2.0])
-    assert accepted["marker"]["line"]["color"] == viz.PATH
+    assert accepted["marker"]["line"]["color"] == viz_style.PATH
     x, y = viz.tree_layout(tree_a())
     path_edges = segments(trace(fig, "accepted path"))
     assert path_edges == [((x[0], y[0]), (x[1], y[1])), ((x[1], y[1]), (x[4], y[4]))]
@@ -185,18 +185,18 @@ def test_branch_acceptance_hand_example():
     #   round [0,2,6] on A: d1r0 no, d1r1 ok | children of 2: d2r0 ok            | node 6: none
     #   round [0] on A:     d1r0 no, d1r1 no
     #   round [0,1,2,3] on the chain: d1r0 ok, d2r0 ok, d3r0 ok
-    attempts, accepts = viz.branch_acceptance(rounds_hand())
+    attempts, accepts = viz_rounds.branch_acceptance(rounds_hand())
     assert attempts.tolist() == [[4, 3], [3, 1], [1, 0]]
     assert accepts.tolist() == [[2, 1], [2, 1], [1, 0]]
     assert int(accepts.sum()) == sum(r.accepted for r in rounds_hand())
     result = Result(prompt_ids=[], tokens=[], text="", rounds=rounds_hand())
-    assert torch.equal(viz.branch_acceptance(result)[0], attempts)
-    empty = viz.branch_acceptance([make_round(Tree.from_lists([1], [-1]), [0])])
+    assert torch.equal(viz_rounds.branch_acceptance(result)[0], attempts)
+    empty = viz_rounds.branch_acceptance([make_round(Tree.from_lists([1], [-1]), [0])])
     assert [t.shape for t in empty] == [(0, 0), (0, 0)]
 
 
 def test_acceptance_heatmap():
-    d = viz.acceptance_heatmap(rounds_hand()).to_dict()
+    d = viz_rounds.acceptance_heatmap(rounds_hand()).to_dict()
     (hm,) = d["data"]
     assert [len(row) for row in hm["z"]] == [2, 2, 2] and hm["z"][2][1] is None  # never attempted
     assert sum(hm["z"], [])[:5] == pytest.approx([0.5, 1 / 3, 2 / 3, 1.0, 1.0])
@@ -204,28 +204,28 @@ def test_acceptance_heatmap():
     assert hm["customdata"][0][1] == [1, 3]  # depth 1, rank 1: accepted 1 of 3
     assert d["layout"]["yaxis"]["title"]["text"] == "depth"
     assert "sibling rank" in d["layout"]["xaxis"]["title"]["text"]
-    clipped = viz.acceptance_heatmap(rounds_hand(), max_depth=2, max_rank=1).to_dict()["data"][0]
+    clipped = viz_rounds.acceptance_heatmap(rounds_hand(), max_depth=2, max_rank=1).to_dict()["data"][0]
     assert [len(row) for row in clipped["z"]] == [1, 1]
     assert sum(clipped["z"], []) == pytest.approx([0.5, 2 / 3])
 
 
 # ----------------------------------------------------------------------------- tau
 def test_tau_histogram_counts_and_mean():
-    fig = viz.tau_histogram([1, 3, 3, 4, 1, 3])
+    fig = viz_rounds.tau_histogram([1, 3, 3, 4, 1, 3])
     d = fig.to_dict()
     (bar,) = d["data"]
     assert list(bar["x"]) == [1, 2, 3, 4] and list(bar["y"]) == [2, 0, 3, 1]
     assert d["layout"]["shapes"][0]["x0"] == pytest.approx(2.5)
     assert "tau = 2.50" in d["layout"]["title"]["text"]
-    assert viz.CONVENTIONS == d["layout"]["title"]["subtitle"]["text"]
-    from_rounds = viz.tau_histogram(rounds_hand()).to_dict()["data"][0]  # committed: 3, 3, 1, 4
+    assert viz_style.CONVENTIONS == d["layout"]["title"]["subtitle"]["text"]
+    from_rounds = viz_rounds.tau_histogram(rounds_hand()).to_dict()["data"][0]  # committed: 3, 3, 1, 4
     assert list(from_rounds["x"]) == [1, 2, 3, 4] and list(from_rounds["y"]) == [1, 0, 2, 1]
     with pytest.raises(ValueError, match="at least one round"):
-        viz.tau_histogram([])
+        viz_rounds.tau_histogram([])
 
 
 def test_tokens_per_round():
-    fig = viz.tokens_per_round(rounds_hand())
+    fig = viz_rounds.tokens_per_round(rounds_hand())
     assert list(trace(fig, "committed")["y"]) == [3, 3, 1, 4]
     assert list(trace(fig, "running tau")["y"]) == pytest.approx([3, 3, 7 / 3, 11 / 4])
     assert fig.to_dict()["layout"]["xaxis"]["title"]["text"] == "round"
@@ -238,7 +238,7 @@ ROWS = [dict(method=m, budget=b, tau=t, speedup=t * 0.8) for m, pts in
 
 
 def test_budget_curve_one_line_per_method():
-    d = viz.budget_curve(ROWS).to_dict()
+    d = viz_rows.budget_curve(ROWS).to_dict()
     assert [t["name"] for t in d["data"]] == ["jetflow", "ddtree", "dflash"]
     ddtree = d["data"][1]
     assert list(ddtree["x"]) == [16, 255] and list(ddtree["y"]) == [5.5, 7.8]  # sorted by budget
@@ -247,18 +247,18 @@ def test_budget_curve_one_line_per_method():
     assert d["layout"]["yaxis"]["title"]["text"] == "tau"
     assert "incl. the bonus token" in d["layout"]["title"]["subtitle"]["text"]
     assert "excluding the root" in d["layout"]["title"]["subtitle"]["text"]
-    speed = viz.budget_curve(ROWS, y="speedup").to_dict()
+    speed = viz_rows.budget_curve(ROWS, y="speedup").to_dict()
     assert list(speed["data"][0]["y"]) == pytest.approx([4.8, 5.28, 6.88])
 
 
 def test_budget_curve_datasets_use_dashes():
     rows = [dict(r, dataset=ds) for r in ROWS[:3] for ds in ("gsm8k", "mbpp")]
-    d = viz.budget_curve(rows).to_dict()
+    d = viz_rows.budget_curve(rows).to_dict()
     assert len(d["data"]) == 2
     assert {t["line"]["dash"] for t in d["data"]} == {"solid", "dash"}
     assert len({t["line"]["color"] for t in d["data"]}) == 1  # one method, one colour
     many = [dict(r, dataset=f"d{k}") for r in ROWS[:3] for k in range(20)]  # 20 legend entries
-    assert viz.budget_curve(many).to_dict()["layout"]["height"] > d["layout"]["height"] == 450
+    assert viz_rows.budget_curve(many).to_dict()["layout"]["height"] > d["layout"]["height"] == 450
 
 
 @pytest.mark.parametrize("rows,y,match", [
@@ -267,7 +267,7 @@ def test_budget_curve_datasets_use_dashes():
     (ROWS + ROWS[:1], "tau", "two rows"), ([], "tau", "at least one row")])
 def test_budget_curve_errors(rows, y, match):
     with pytest.raises(ValueError, match=match):
-        viz.budget_curve(rows, y=y)
+        viz_rows.budget_curve(rows, y=y)
 
 
 # ----------------------------------------------------------------------------- training
@@ -275,7 +275,7 @@ def test_training_curves():
     history = [dict(step=s, loss=3.0 / (s + 1), acc=[0.9 - 0.05 * k for k in range(15)], sim_tau=2.0 + s)
                for s in (0, 10, 20)]
     history.insert(1, dict(step=5, loss=0.6))  # a step without evaluation
-    fig = viz.training_curves(history)
+    fig = viz_train.training_curves(history)
     d = fig.to_dict()
     assert [t["name"] for t in d["data"]] == ["loss", "depth 1", "depth 2", "depth 4", "depth 8", "depth 15",
                                               "simulated tau"]
@@ -285,16 +285,16 @@ def test_training_curves():
     assert [d["layout"][f"yaxis{k}"]["title"]["text"] for k in ("", "2", "3")] == ["loss", "accuracy",
                                                                                    "simulated tau"]
     assert d["layout"]["xaxis2"]["title"]["text"] == "step"
-    assert len(viz.training_curves(history, depths=[3]).to_dict()["data"]) == 3
+    assert len(viz_train.training_curves(history, depths=[3]).to_dict()["data"]) == 3
     with pytest.raises(ValueError, match="depths must lie"):
-        viz.training_curves(history, depths=[16])
+        viz_train.training_curves(history, depths=[16])
 
 
 # ----------------------------------------------------------------------------- token labels
 @pytest.mark.parametrize("text,label", [(" the", "·the"), ("a\nb", "a⏎b"), ("<b>", "&lt;b&gt;"),
                                         ("abcdefghijkl", "abcdefghi…")])
 def test_node_text(text, label):
-    assert viz.node_text(0, lambda ids: text) == label
+    assert viz_style.node_text(0, lambda ids: text) == label
 
 
 def test_tree_figure_labels_every_node():
@@ -330,14 +330,14 @@ def test_acceptance_table():
     rows = [{"depth": 1, "drafted": "'a'", "verdict": "✅", "target": "'a'"},
             {"depth": 1, "drafted": "'b'", "verdict": "❌", "target": "'a'"},
             {"depth": 2, "drafted": "-", "verdict": "⭐", "target": "'c'"}]
-    table = viz.acceptance_table(rows).to_dict()["data"][0]
+    table = viz_rounds.acceptance_table(rows).to_dict()["data"][0]
     assert table["type"] == "table"
     assert list(table["cells"]["values"][2]) == ["✅", "❌", "⭐"]
     assert list(table["cells"]["values"][3]) == ["'a'", "'a'", "'c'"]
     assert table["cells"]["fill"]["color"][0][1] != table["cells"]["fill"]["color"][0][0]
-    assert viz.acceptance_table(rows * 10).to_dict()["layout"]["height"] > viz.acceptance_table(rows).to_dict()["layout"]["height"]
+    assert viz_rounds.acceptance_table(rows * 10).to_dict()["layout"]["height"] > viz_rounds.acceptance_table(rows).to_dict()["layout"]["height"]
     with pytest.raises(ValueError, match="at least one row"):
-        viz.acceptance_table([])
+        viz_rounds.acceptance_table([])
 
 
 def test_tree_mask_is_the_ancestor_mask_plus_the_prefix():
@@ -352,24 +352,24 @@ def test_tree_mask_is_the_ancestor_mask_plus_the_prefix():
 
 
 def test_verify_cost():
-    fig = viz.verify_cost({1: 0.01, 17: 0.02, 65: 0.05}, draft_s=0.004)
+    fig = viz_rows.verify_cost({1: 0.01, 17: 0.02, 65: 0.05}, draft_s=0.004)
     verify, draft = trace(fig, "verify"), trace(fig, "draft (one pass)")
     assert list(verify["x"]) == [1, 17, 65] and list(verify["y"]) == pytest.approx([10, 20, 50])
     assert list(draft["y"]) == pytest.approx([4, 4])
-    assert [t["name"] for t in viz.verify_cost({1: 0.01}).to_dict()["data"]] == ["verify"]
+    assert [t["name"] for t in viz_rows.verify_cost({1: 0.01}).to_dict()["data"]] == ["verify"]
     with pytest.raises(ValueError, match="at least one"):
-        viz.verify_cost({})
+        viz_rows.verify_cost({})
 
 
 def test_distribution_check():
-    fig = viz.distribution_check([1, 0, 3, 6], [0.1, 0.05, 0.25, 0.6], top=3)
+    fig = viz_rounds.distribution_check([1, 0, 3, 6], [0.1, 0.05, 0.25, 0.6], top=3)
     obs, exp = trace(fig, "sample-and-match"), trace(fig, "target softmax(logits / T)")
     assert list(obs["x"]) == ["3", "2", "0"]  # most likely first
     assert list(obs["y"]) == pytest.approx([0.6, 0.3, 0.1]) and list(exp["y"]) == pytest.approx([0.6, 0.25, 0.1])
     with pytest.raises(ValueError, match="entries"):
-        viz.distribution_check([1], [0.5, 0.5])
+        viz_rounds.distribution_check([1], [0.5, 0.5])
     with pytest.raises(ValueError, match="one draw"):
-        viz.distribution_check([0, 0], [0.5, 0.5])
+        viz_rounds.distribution_check([0, 0], [0.5, 0.5])
 
 
 # ----------------------------------------------------------------------------- reading result rows
@@ -377,13 +377,13 @@ def test_head_to_head_counts_cells_like_a_loop():
     rows = [{"method": m, "dataset": d, "budget": b, "tau": t} for m, d, b, t in [
         ("x", "g", 8, 2.0), ("y", "g", 8, 2.5), ("x", "g", 16, 3.0), ("y", "g", 16, 3.0),
         ("x", "m", 8, 1.9), ("y", "m", 8, 1.5), ("x", "m", 16, 2.0), ("z", "m", 16, 9.0)]]
-    got = viz.head_to_head(rows, "x", "y")
+    got = viz_rows.head_to_head(rows, "x", "y")
     assert got["cells"] == 3 and got["at_or_above"] == 2 and got["above"] == 1
     assert got["gaps"] == pytest.approx({("g", 8): -0.5, ("g", 16): 0.0, ("m", 8): 0.4})
     ref = sum(1 for a in rows for b in rows if a["method"] == "x" and b["method"] == "y"
               and (a["dataset"], a["budget"]) == (b["dataset"], b["budget"]) and a["tau"] >= b["tau"])
     assert ref == got["at_or_above"]
     with pytest.raises(ValueError, match="no .dataset, budget. cell"):
-        viz.head_to_head(rows, "x", "w")
+        viz_rows.head_to_head(rows, "x", "w")
     with pytest.raises(ValueError, match="two rows"):
-        viz.head_to_head(rows + rows[:1], "x", "y")
+        viz_rows.head_to_head(rows + rows[:1], "x", "y")

@@ -3,20 +3,41 @@
 tau = mean tokens committed per round including the bonus token (the one definition every module uses);
 per-depth acceptance, verify tokens, throughput and speedup (totals over the same prompts, then the
 ratio), the simulated tau of training's per-depth accuracies, and the predicted speedups of an
-auto-budget run. Nothing here touches a model: ``tests/test_metrics.py`` checks it on hand-made rounds.
+auto-budget run. A ``PromptRun`` is what one prompt decoded by one variant leaves (the bench journals it);
+``DecodedRound`` names the fields of a decoded round the statistics read. Nothing here touches a model:
+``tests/test_metrics.py`` checks it on hand-made rounds.
 """
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import astuple, dataclass, field
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:  # for the annotations only: metrics imports no other jetflow module
-    from jetflow.evaluation.journal import PromptRun
-    from .decode import Round
+
+class DraftedTree(Protocol):
+    """What the statistics read of a round's tree (``engine.tree.Tree`` has it): nodes, root included."""
+    parents: torch.Tensor   # (N+1,) parent index of every node
+    depth: torch.Tensor     # (N+1,) depth of every node, the root 0
+
+    def __len__(self) -> int: ...
+
+
+class DecodedRound(Protocol):
+    """The fields of a decoded round the statistics read (``engine.decode.Round`` has them)."""
+    @property
+    def tree(self) -> DraftedTree: ...
+
+    @property
+    def path(self) -> list[int]: ...       # accepted node indices, root first
+
+    @property
+    def committed(self) -> list[int]: ...  # tokens committed, bonus included
+
+    @property
+    def accepted(self) -> int: ...         # draft tokens accepted
 
 
 @dataclass(frozen=True)
@@ -29,7 +50,7 @@ class RoundStat:
     chances: int     # leading accepted nodes, root first, that had a drafted child
 
     @classmethod
-    def of(cls, r: Round | RoundStat) -> RoundStat:
+    def of(cls, r: DecodedRound | RoundStat) -> RoundStat:
         if isinstance(r, RoundStat):
             return r
         parents = set(r.tree.parents.tolist())
@@ -37,17 +58,36 @@ class RoundStat:
         return cls(len(r.committed), r.accepted, len(r.tree), int(r.tree.depth.max()), chances)
 
 
-def tau(rounds: Sequence[Round | RoundStat]) -> float | None:
+@dataclass
+class PromptRun:
+    """One prompt decoded by one variant: all ``summarize`` needs, small enough to journal."""
+    tokens: list[int]          # generated ids
+    decode_tokens: int         # tokens produced inside the timed decode region
+    decode_s: float
+    prefill_s: float | None    # None where not separable (hf)
+    rounds: list[RoundStat] = field(default_factory=list)  # empty for hf
+
+    def to_json(self) -> dict:
+        return {"tokens": self.tokens, "decode_tokens": self.decode_tokens, "decode_s": self.decode_s,
+                "prefill_s": self.prefill_s, "rounds": [astuple(r) for r in self.rounds]}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> PromptRun:
+        return cls(list(d["tokens"]), d["decode_tokens"], d["decode_s"], d["prefill_s"],
+                   [RoundStat(*r) for r in d["rounds"]])
+
+
+def tau(rounds: Sequence[DecodedRound | RoundStat]) -> float | None:
     """Mean tokens committed per round, bonus included; None without rounds (hf)."""
     return sum(RoundStat.of(r).committed for r in rounds) / len(rounds) if rounds else None
 
 
-def tau_hist(rounds: Sequence[Round | RoundStat]) -> dict[int, int]:
+def tau_hist(rounds: Sequence[DecodedRound | RoundStat]) -> dict[int, int]:
     """Tokens committed in a round -> number of such rounds, ascending."""
     return dict(sorted(Counter(RoundStat.of(r).committed for r in rounds).items()))
 
 
-def depth_accept(rounds: Sequence[Round | RoundStat]) -> list[float | None]:
+def depth_accept(rounds: Sequence[DecodedRound | RoundStat]) -> list[float | None]:
     """Entry d-1: of the rounds that accepted depth d-1 and drafted a child of that accepted node,
     the fraction that accepted depth d (None where no round had that chance)."""
     stats = [RoundStat.of(r) for r in rounds]
@@ -60,7 +100,7 @@ def depth_accept(rounds: Sequence[Round | RoundStat]) -> list[float | None]:
     return [h / t if t else None for h, t in zip(hit, tried)]
 
 
-def verify_tokens(rounds: Sequence[Round | RoundStat]) -> float | None:
+def verify_tokens(rounds: Sequence[DecodedRound | RoundStat]) -> float | None:
     """Mean tokens the target verified per round (tree nodes including the root)."""
     return sum(RoundStat.of(r).verified for r in rounds) / len(rounds) if rounds else None
 
@@ -76,7 +116,7 @@ def speedup(tokens: int, seconds: float, ar_tokens: int, ar_seconds: float) -> f
     return rate / ar_rate if rate is not None and ar_rate else None
 
 
-def round_stats(rounds: Sequence[Round | RoundStat]) -> dict:
+def round_stats(rounds: Sequence[DecodedRound | RoundStat]) -> dict:
     """The per-round statistics of a row: tau, its histogram, per-depth acceptance, verify tokens."""
     return {"tau": tau(rounds), "tau_hist": tau_hist(rounds), "depth_accept": depth_accept(rounds),
             "verify_tokens": verify_tokens(rounds)}

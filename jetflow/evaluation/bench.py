@@ -24,7 +24,7 @@ not there yet (``jetflow.evaluation.journal``).
 setup and ``PRESETS`` name some (``cpu``, ``qwen3-8b``): ``BenchConfig.from_name`` -> ``prompt_sets`` ->
 ``run_settings`` is the CLI path (``resolve_preset`` gives the same config as a dict). Which methods take a
 budget or run transformers' own generate comes from the method registry (``jetflow.drafting.methods``); the row
-statistics are ``jetflow.engine.metrics`` and the tables ``jetflow.results.report``.
+statistics are ``jetflow.engine.metrics`` and the result folder's format ``jetflow.evaluation.rows``.
 """
 from __future__ import annotations
 
@@ -46,12 +46,12 @@ from jetflow.drafting.cost import interp_cost
 from jetflow.data.prompts import DATASETS
 from jetflow.engine.decode import check_temperature, generate
 from jetflow.util.flags import comma_list, option
-from jetflow.engine.metrics import RoundStat, predicted_speedups, summarize
-from jetflow.training.provenance import environment
-from jetflow.results.report import CHAIN_NOTE, HF_NOTE
-from jetflow.results.report import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
-from jetflow.results.report import write_rows as write
-from .journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
+from jetflow.engine.metrics import PromptRun, RoundStat, predicted_speedups, summarize
+from jetflow.util.hardware import environment
+from .rows import CHAIN_NOTE, HF_NOTE
+from .rows import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
+from .rows import write_rows as write
+from .journal import Journal, head_fingerprint, journal_settings, text_sha
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.target import DTYPES, Target
 

@@ -1,10 +1,10 @@
 """The resume journal of a bench: every finished prompt's runs appended to a JSON-lines file
 (``jetflow.util.jsonl``), so that rerunning an interrupted bench decodes only what is missing.
 
-``PromptRun`` is what one prompt decoded by one variant leaves (tokens, decode tokens and seconds,
-prefill, ``RoundStat`` per round): small enough to journal, all ``metrics.summarize`` needs. The header
-line holds the settings a resumed run must share (``RESUME_KEYS``) and a record of the rest; a head's
-weights are identified by ``head_fingerprint``, a prompt's text by ``text_sha``.
+It stores ``PromptRun``s (``jetflow.engine.metrics``: what one prompt decoded by one variant leaves, tokens,
+decode tokens and seconds, prefill, ``RoundStat`` per round). The header line holds the settings a resumed
+run must share (``RESUME_KEYS``) and a record of the rest; a head's weights are identified by
+``head_fingerprint``, a prompt's text by ``text_sha``.
 """
 from __future__ import annotations
 
@@ -12,34 +12,14 @@ import hashlib
 import os
 import platform
 from collections.abc import Mapping
-from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import torch
 import transformers
 
 from jetflow.util import jsonl
-from jetflow.engine.metrics import RoundStat
+from jetflow.engine.metrics import PromptRun
 from jetflow.engine.target import Target
-
-
-@dataclass
-class PromptRun:
-    """One prompt decoded by one variant."""
-    tokens: list[int]          # generated ids
-    decode_tokens: int         # tokens produced inside the timed decode region
-    decode_s: float
-    prefill_s: float | None    # None where not separable (hf)
-    rounds: list[RoundStat] = field(default_factory=list)  # empty for hf
-
-    def to_json(self) -> dict:
-        return {"tokens": self.tokens, "decode_tokens": self.decode_tokens, "decode_s": self.decode_s,
-                "prefill_s": self.prefill_s, "rounds": [astuple(r) for r in self.rounds]}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> PromptRun:
-        return cls(list(d["tokens"]), d["decode_tokens"], d["decode_s"], d["prefill_s"],
-                   [RoundStat(*r) for r in d["rounds"]])
 
 
 def head_fingerprint(proposer) -> str | None:

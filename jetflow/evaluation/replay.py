@@ -39,9 +39,9 @@ from jetflow.drafting.cost import CostCurve, load_cost
 from jetflow.drafting.proposers import HeadProposer, LookupMerged
 from jetflow.drafting.methods import make_proposer
 from jetflow.util.paths import shipped_head_dir
-from jetflow.training.provenance import environment
-from jetflow.results.report import REPLAY_NOTE, write_rows
-from jetflow.results.report import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
+from jetflow.util.hardware import environment
+from .rows import REPLAY_NOTE, write_rows
+from .rows import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
 from jetflow.engine.tree import BUILDERS, Tree, tree_builder
 from jetflow.engine.verify import greedy_accept
 

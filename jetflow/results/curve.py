@@ -22,7 +22,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from jetflow.data.prompts import data_files, load_regenerated, part_of
+from jetflow.data.prompts import data_files, part_of
+from jetflow.evaluation.rows import at_budget, write_rows
 from jetflow.util.paths import cache_dir, portable_path
 from jetflow.util.flags import comma_list, option
 
@@ -205,7 +206,6 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
     from jetflow.util import checks
     from jetflow.evaluation.bench import prompt_sets
     from jetflow.evaluation.replay import ar_traces, trace_cache
-    from .report import write_rows
     from jetflow.engine.target import load_target
     todo = [k for k in sorted(set(cfg.parts)) if ready(cfg.data, k)]
     skipped = sorted(set(cfg.parts) - set(todo))
@@ -355,14 +355,6 @@ def gains_table(rows: list[dict], budget: int) -> str:
 def to_markdown(rows: list[dict]) -> str:
     """The results folder's table.md."""
     return f"# Replayed tau against training data\n\n{table(rows)}\n"
-
-
-def at_budget(rows: list[dict], budget: int) -> list[dict]:
-    """The rows replayed at ``budget``; a budget the rows lack is an error naming the ones they have."""
-    picked = [r for r in rows if r["budget"] == budget]
-    if not picked:
-        raise ValueError(f"no row at budget {budget}; the rows have budgets {sorted({r['budget'] for r in rows})}")
-    return picked
 
 
 def summary(rows: list[dict], budget: int) -> list[str]:

@@ -26,7 +26,7 @@ from jetflow.drafting.methods import make_proposer
 from jetflow.drafting.profile import STATES, Counts, save_profile
 from jetflow.engine.target import load_target
 from jetflow.evaluation.replay import Trace, ar_traces, draft_table, trace_cache
-from jetflow.training.provenance import environment
+from jetflow.util.hardware import environment
 from jetflow.util.flags import command_line, option
 from jetflow.util.paths import cache_dir, portable_path, shipped_head_dir
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .report import RESULTS, bench_markdown, replay_markdown
+from .report import RESULTS
+from jetflow.evaluation.rows import bench_markdown, replay_markdown
 
 COMMON = ("--limit", "20", "--max-new-tokens", "256")
 GRID_METHODS = "ar,hf,hf-lookup,lookup,dflash,ddtree,jetflow"
@@ -49,7 +50,7 @@ class Entry:
         from jetflow.training.correction_train import cost_markdown
         from .curve import to_markdown as curve_markdown
         from .diagnose import diagnosis_markdown
-        from .speed import to_markdown as speed_markdown
+        from .speed_table import to_markdown as speed_markdown
         from .throughput import to_markdown as throughput_markdown
         return {"replay": replay_markdown, "diagnose": diagnosis_markdown, "speed": speed_markdown,
                 "correction-cost": cost_markdown, "throughput": throughput_markdown,

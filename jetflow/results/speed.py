@@ -13,6 +13,7 @@ when absent). Then exactness: every method's compiled greedy output against comp
 AR against eager AR, with the target's top-2 logit gap where the two first differ.
 
 ``--warmup`` only compiles the same graphs (filling inductor's cache for a later timed run) and writes nothing.
+The run's table.md is ``jetflow.results.speed_table``.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from tqdm.auto import tqdm
 
 from jetflow.util import hardware
 from jetflow.data import prompts as data
-from jetflow.evaluation.bench import write
+from jetflow.evaluation.rows import write_rows
 from jetflow.evaluation.budget import measure_verify_cost
 from jetflow.engine.compiled import QUERY_SIZES, CompileConfig, compile_target
 from jetflow.engine.decode import generate
@@ -38,10 +39,8 @@ from jetflow.drafting import methods as registry
 from jetflow.drafting.proposers import LookupMerged
 from jetflow.drafting.methods import make_proposer
 from .speed_bounds import PROBES, probe_rows, profile_rows
+from .speed_table import to_markdown
 from jetflow.engine.target import Target, embedded_gguf, load_target
-
-KINDS = ("setup", "compile", "verify", "draft", "decode", "exactness", "ar-agreement", "profile", "probe")
-
 
 @dataclass(frozen=True)
 class SpeedConfig:
@@ -339,85 +338,6 @@ def _llama_cpp_version() -> str:
     return llama_cpp.__version__
 
 
-# ----------------------------------------------------------------------------- rendering
-def _f(x, digits=2) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def to_markdown(rows: list[dict]) -> str:
-    """The run's tables: decode speed (llama.cpp beside), the verify-cost curve, compile seconds,
-    exactness, and the hardware line."""
-    by = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
-    setup = by["setup"][0]
-    cfg = setup["config"]
-    load = " -> ".join(f"{setup[k]:.1f}" for k in ("load_average_before", "load_average_after") if k in setup)
-    lines = [f"# Compiled target, {cfg['dtype']}, {cfg['threads']} threads: {setup['hardware']}", "",
-             *([f"Load average (1 min) at the start and the end of the run: {load}.", ""] if load else []),
-             f"{cfg['dataset']}, first {cfg['limit']} prompts, greedy, {cfg['max_new_tokens']} new tokens, "
-             f"budget {cfg['budget']}; medians over {cfg['repeats']} interleaved repeats, prefill excluded. "
-             "speedup = tokens/s over the same path's AR; vs eager AR = over eager AR in the same repeat.", "",
-             "draft / verify ms = per round (verify includes accepting and committing).", "",
-             "| path | method | tokens/s | speedup | vs eager AR | tau | draft ms | verify ms | identical to AR |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in by["decode"]:
-        lines.append(f"| {r['path']} | {r['method']} | {_f(r['tokens_per_s'], 1)} | {_f(r['speedup'])}x | "
-                     f"{_f(r['vs_eager_ar'])}x | {_f(r['tau'])} | {_f(r.get('draft_ms'), 1)} | "
-                     f"{_f(r.get('verify_ms'), 1)} | {r['identical_to_ar']}/{cfg['limit']} |")
-    sizes = sorted({r["size"] for r in by["verify"]})
-    cost = {(r["path"], r["size"]): r for r in by["verify"]}
-    lines += ["", f"Verify cost over a {cfg['past_len']}-token prefix: ms (AR steps of the same path), "
-              f"median of {cfg['verify_repeats']} interleaved sweeps.", "",
-              "| path | " + " | ".join(f"{k} tokens" for k in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
-    for path in sorted({r["path"] for r in by["verify"]}):
-        lines.append(f"| {path} | " + " | ".join(
-            f"{1e3 * cost[(path, k)]['seconds']:.1f} ({cost[(path, k)]['ar_steps']:.2f})" for k in sizes) + " |")
-    if by["draft"]:
-        lines += ["", "The head's draft pass (block of the head's slots + draft log-probs; extend excluded) over a "
-                  f"{by['draft'][0]['context']}-row context, median of {cfg.get('draft_repeats')} interleaved "
-                  "timings; difference = compiled against eager.", "",
-                  "| method | head dtype | eager ms | compiled ms | max abs log-prob difference | depths whose argmax differs |",
-                  "|---|---|---|---|---|---|"]
-        draft = {(r["method"], r["path"]): r for r in by["draft"]}
-        for method in dict.fromkeys(r["method"] for r in by["draft"]):
-            e, c = draft[(method, "eager")], draft[(method, "compiled")]
-            lines.append(f"| {method} | {e['dtype']} | {1e3 * e['seconds']:.2f} | {1e3 * c['seconds']:.2f} | "
-                         f"{c['max_abs_diff']:.2g} | {c['argmax_differs']} |")
-    lines += ["", "Compile seconds per graph (first call; inductor cache files before the run: "
-              f"{setup['inductor_cache_files_before']}): "
-              + ", ".join(f"{r['size']} tokens {r['seconds']:.0f} s" if r.get("graph", "target") == "target"
-                          else f"{r['graph']}{'' if r['size'] is None else ' ' + str(r['size'])} {r['seconds']:.0f} s"
-                          for r in by["compile"]) + ".", ""]
-    lines += ["Exactness (greedy, compiled): " + ", ".join(
-        f"{r['method']} {r['identical_to_compiled_ar']}/{r['n_prompts']}" for r in by["exactness"])
-        + " prompts identical to compiled AR.", ""]
-    if by["profile"]:
-        lines += ["Where a verify forward's time goes (ms per forward, torch.profiler self times over a "
-                  f"{cfg['past_len']}-token prefix; other = norms, RoPE, fused kernels, cache writes, Python):", "",
-                  "| path | tokens | total | lm_head | linears | attention | other |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['path']} | {r['size']} | " + " | ".join(f"{r[k]:.1f}" for k in
-                  ("total_ms", "lm_head", "linears", "attention", "other")) + " |" for r in by["profile"]]
-        lines.append("")
-    if by["probe"]:
-        lines += ["The verify curve under one change each (ms, AR steps of the same probe and path in parentheses):", "",
-                  "| probe | path | dtype | cache_len | freezing | " + " | ".join(f"{k} tokens" for k in sizes) + " |",
-                  "|---" * (len(sizes) + 5) + "|"]
-        probe = {(r["probe"], r["path"], r["size"]): r for r in by["probe"]}
-        for key in dict.fromkeys((r["probe"], r["path"]) for r in by["probe"]):
-            first = probe[next(k for k in probe if k[:2] == key)]
-            cells = [f"{1e3 * probe[(*key, k)]['seconds']:.1f} ({probe[(*key, k)]['ar_steps']:.2f})"
-                     if (*key, k) in probe else "-" for k in sizes]
-            lines.append(f"| {key[0]} | {key[1]} | {first['dtype']} | {first['cache_len']} | {first['freezing']} | "
-                         + " | ".join(cells) + " |")
-        lines.append("")
-    lines += ["Compiled AR against eager AR: " + "; ".join(
-        f"{r['prompt']}: " + ("identical" if r["first_difference"] is None else
-                              f"first differs at token {r['first_difference']} (top-2 gap {r['top2_gap_there']:.3g})")
-        for r in by["ar-agreement"]) + ".", ""]
-    lines.append(f"torch {setup['torch']}, transformers {setup['transformers']}, GGUF {setup['gguf']}"
-                 + (f", llama-cpp-python {setup['llama_cpp']}" if setup["llama_cpp"] else ", llama.cpp not run"))
-    return "\n".join(lines) + "\n"
-
-
 def add_arguments(parser) -> None:
     """The flags of ``python -m jetflow speed`` (and ``python -m jetflow.results.speed``)."""
     parser.add_argument("--out", help="folder for rows.json and table.md (required unless --warmup)")
@@ -456,7 +376,7 @@ def run_args(args) -> int:
         return 2  # the CLI's bad-input exit status
     rows = measure(config_of(args))
     print(to_markdown(rows))
-    write(rows, args.out, to_markdown)
+    write_rows(rows, args.out, to_markdown)
     return 0
 
 

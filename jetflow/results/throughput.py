@@ -15,7 +15,7 @@ training used before, so the table shows what each part of the step's speed-up c
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -88,7 +88,7 @@ def measure(cfg: ThroughputConfig, target=None, *, progress: bool = True) -> lis
     """One row per (anchors, taps source, head step): steps, seconds, supervised slots, slots/s and the
     ratio of its slots/s to the online source's (default head step) at the same anchors."""
     from tqdm.auto import tqdm
-    from jetflow.training.provenance import environment
+    from jetflow.util.hardware import environment
     from jetflow.engine.target import load_target
     from jetflow.training.train import train_step
     if cfg.steps < cfg.rounds or cfg.rounds < 1 or not cfg.anchors:

@@ -346,7 +346,7 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     from jetflow.engine.decode import verify_step
     from jetflow.engine.target import keep_path
     from jetflow.drafting.methods import make_proposer
-    from .provenance import environment
+    from jetflow.util.hardware import environment
     from jetflow.engine.target import load_target
     from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix
     target = load_target(None, dtype=cfg.dtype)

@@ -1,7 +1,6 @@
-"""Where a result comes from: the setup of a timed row, and the provenance files of a trained head.
+"""Where a trained head comes from: its provenance files.
 
-``environment(target)`` is the dtype, device, library versions and hardware line every bench and replay
-row carries. ``write_provenance`` writes a trained head's ``provenance.json`` and ``PROVENANCE.md``: the
+``write_provenance`` writes a trained head's ``provenance.json`` and ``PROVENANCE.md``: the
 command that rebuilds it (``train.command_for``, generated from the config's flag metadata), the
 commands of the heads it was warm-started from, its data file (sha256, mix, the regenerate command),
 token counts, wall time, versions and its final evaluation.
@@ -11,26 +10,17 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 import transformers
 
-from jetflow.util import hardware
-
 if TYPE_CHECKING:
     from .train import Progress, TrainingRun
 
 TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
             "of the argmax at every depth (a budget of D = Q-1 draft nodes, root excluded)")
-
-
-def environment(target) -> dict:
-    """The setup fields of a row: dtype, device, torch and transformers versions, hardware."""
-    return {"dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
-            "torch": torch.__version__, "transformers": transformers.__version__, "hardware": hardware.describe()}
 
 
 def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[dict]) -> dict:

@@ -2,6 +2,7 @@
 
     describe()      -> "AMD EPYC 9B14, 2 cores, 2 torch threads, bf16: native (avx512_bf16)"
     fast_dtype()    -> ("bfloat16", "the CPU has avx512_bf16") or ("float32", "bf16 is emulated here ...")
+    environment(target) -> the setup fields every timed or replayed row carries (dtype, device, versions, hardware)
 
 bf16 pays only where the hardware has it: CUDA, or a CPU with AVX-512 BF16 or AMX. Elsewhere torch
 emulates bf16 matmuls and a many-token verify gets several times slower than in fp32, so fp32 is the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+from importlib.metadata import version
 from functools import lru_cache
 from pathlib import Path
 
@@ -62,3 +64,10 @@ def describe() -> str:
     if torch.cuda.is_available():
         text += f"; GPU {torch.cuda.get_device_name()}"
     return text
+
+
+def environment(target) -> dict:
+    """The setup fields of a row: dtype, device, torch and transformers versions, hardware (``target``: any
+    object with a ``dtype`` and a ``device``)."""
+    return {"dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
+            "torch": torch.__version__, "transformers": version("transformers"), "hardware": describe()}

@@ -20,11 +20,12 @@ import html
 
 from jetflow.views import viz
 from jetflow.engine.decode import generate
+from .viz_style import TEMPLATE
 from .walkthrough import node_info, round_logits
 
 SIDES = ("left", "right")
 TRACES = ("edges", "accepted path", "rejected", "accepted", "mask row")  # the fixed traces of each side
-ACCEPTED = "#ffd92f"  # accepted nodes' fill (outlined in viz.PATH)
+ACCEPTED = "#ffd92f"  # accepted nodes' fill (outlined in viz_style.PATH)
 
 
 def uses_width(proposer) -> bool:
@@ -104,7 +105,7 @@ class TreeExplorer:
             "width": widgets.IntSlider(value=width, min=1, max=10, description="width"),
             "round": widgets.IntSlider(value=0, min=0, max=0, description="round"),
         }
-        self.figures = {s: go.FigureWidget(layout=dict(template=viz.TEMPLATE, height=420, width=560,
+        self.figures = {s: go.FigureWidget(layout=dict(template=TEMPLATE, height=420, width=560,
                                                        margin=dict(l=20, r=20, t=60, b=40)))
                         for s in SIDES}
         self.texts = {s: widgets.HTML() for s in SIDES}

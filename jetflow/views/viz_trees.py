@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from .viz import DASHES, PALETTE, TEMPLATE
+from .viz_style import DASHES, TEMPLATE, colour
 
 STATE_NAMES = {"spine": "on the argmax spine", "off_spine": "off the spine", "after_sibling": "right after a sibling"}
 HEAD_NAMES = {"causal": "causal head", "corrected": "path-corrected"}
@@ -36,7 +36,7 @@ def spine_figure(rows: Sequence[dict]) -> go.Figure:
     for i, ds in enumerate(dict.fromkeys(r["dataset"] for r in rows if r["table"] == "spine")):
         for j, (state, (depths, rates)) in enumerate(spine_series(rows, ds).items()):
             fig.add_trace(go.Scatter(x=depths, y=rates, mode="lines+markers", name=f"{ds}: {STATE_NAMES[state]}",
-                                     line=dict(color=PALETTE[i % len(PALETTE)], dash=DASHES[j % len(DASHES)])))
+                                     line=dict(color=colour(i), dash=DASHES[j % len(DASHES)])))
     return fig
 
 
@@ -49,7 +49,7 @@ def correction_figure(rows: Sequence[dict], dataset: str) -> go.Figure:
     for j, head in enumerate(HEAD_NAMES):
         for i, (state, (depths, rates)) in enumerate(spine_series(rows, dataset, head).items()):
             fig.add_trace(go.Scatter(x=depths, y=rates, mode="lines+markers", name=f"{HEAD_NAMES[head]}: {STATE_NAMES[state]}",
-                                     line=dict(color=PALETTE[i % len(PALETTE)], dash=DASHES[j % len(DASHES)])))
+                                     line=dict(color=colour(i), dash=DASHES[j % len(DASHES)])))
     return fig
 
 
