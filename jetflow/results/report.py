@@ -2,7 +2,8 @@
 
 Each table sits in its document between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``;
 ``DOCUMENTS`` names the tables of each document (README.md holds the headline table, docs/results.md
-every other one). ``check`` compares those blocks with what the committed ``rows.json`` files give
+every other one); a table the caller renders itself (the CLI's ``--help`` pages of docs/cli.md) comes in
+as ``extra``. ``check`` compares those blocks with what the committed ``rows.json`` files give
 today (a test runs it, so a published number cannot drift from its measurement); ``update`` rewrites
 them after ``make results``:
 
@@ -272,23 +273,6 @@ def _reused(row: Mapping | None) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def cli_help(width: int = 100) -> str:
-    """``jetflow --help`` and every subcommand's ``--help`` as markdown, wrapped at ``width`` columns
-    whatever the terminal (docs/cli.md holds it, so the page cannot drift from the parser)."""
-    import argparse
-    import os
-    from jetflow.cli import build_parser
-    parser, saved = build_parser(), os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = str(width)  # argparse wraps at the terminal's width
-    try:
-        subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-        parts = [("jetflow --help", parser.format_help())]
-        parts += [(f"jetflow {name} --help", sub.format_help()) for name, sub in subs.items()]
-    finally:
-        os.environ.pop("COLUMNS") if saved is None else os.environ.update(COLUMNS=saved)
-    return "\n\n".join(f"### `{title}`\n\n```text\n{text.rstrip()}\n```" for title, text in parts)
-
-
 # The headline: each method at its best budget in one named bf16 run (never the best of several runs).
 HEADLINE = (("ar", "cpu-table-bf16"), ("lookup", "cpu-table-bf16"), ("ddtree", "cpu-table-bf16"),
             ("jetflow", "cpu-table-bf16"), ("jetflow-bp", "cpu-speed-bf16"), ("jetflow+lookup", "cpu-merged-bf16"))
@@ -360,7 +344,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "replay-tau-merged": lambda res: replay_tau(res, "cpu-replay-tau-merged",
                                                   ("jetflow+lookup", "ddtree+lookup", "jetflow-bp+lookup")),
     "headline": headline,
-    "cli-help": lambda res: cli_help(),
     "replay-trees": trees_vs_ddtree,
     "train-throughput": train_throughput,
     "replay-correction": correction_gain,
@@ -379,7 +362,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
 
 DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout) -> its tables
     "README.md": ("headline",),
-    "docs/cli.md": ("cli-help",),
     "docs/scale.md": ("train-throughput", "tau-curve", "curve-one-pass", "curve-correction"),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
@@ -399,14 +381,16 @@ def markers(text: str) -> list[str]:
     return re.findall(r"^<!-- table:([\w.+-]+) -->$", text, re.M)
 
 
-def check_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS) -> list[str]:
+def check_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS,
+               tables: Mapping[str, Callable[[Path], str]] = TABLES) -> list[str]:
     """Those of ``names`` whose block in ``path`` is missing or differs from the committed rows."""
     text = Path(path).read_text()
     return [n for n in names if (found := _block(n).search(text)) is None
-            or found.group(1) != TABLES[n](Path(results)) + "\n"]
+            or found.group(1) != tables[n](Path(results)) + "\n"]
 
 
-def update_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS) -> list[str]:
+def update_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS,
+                tables: Mapping[str, Callable[[Path], str]] = TABLES) -> list[str]:
     """Rewrite the blocks ``names`` of ``path`` from the committed rows; returns the names that changed. A
     table whose markers are missing is an error (place the markers where the table belongs first)."""
     path = Path(path)
@@ -415,7 +399,7 @@ def update_file(path: str | Path, names: Sequence[str], results: str | Path = RE
         pattern = _block(name)
         if pattern.search(text) is None:
             raise ValueError(f"{path} has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
-        body = TABLES[name](Path(results))
+        body = tables[name](Path(results))
         new = pattern.sub(lambda m: f"<!-- table:{name} -->\n{body}\n<!-- /table:{name} -->", text)
         if new != text:
             changed.append(name)
@@ -424,17 +408,37 @@ def update_file(path: str | Path, names: Sequence[str], results: str | Path = RE
     return changed
 
 
-def check(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
-    """``DOCUMENT:NAME`` of every table in ``DOCUMENTS`` that is missing or stale (empty: all agree); the
-    documents are found in the folder of ``readme`` (the checkout)."""
-    root = Path(readme).parent
-    return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in check_file(root / doc, names, results)]
+Rendered = Mapping[str, Mapping[str, str]]  # document -> table name -> its text, rendered by the caller
 
 
-def update(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
-    """Rewrite every table of every document beside ``readme``; returns ``DOCUMENT:NAME`` of those that changed."""
-    root = Path(readme).parent
-    return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in update_file(root / doc, names, results)]
+def documents(extra: Rendered | None = None) -> dict[str, tuple[str, ...]]:
+    """``DOCUMENTS`` with the tables of ``extra`` added (e.g. the CLI's ``--help`` pages in docs/cli.md)."""
+    merged = dict(DOCUMENTS)
+    for doc, texts in (extra or {}).items():
+        merged[doc] = (*merged.get(doc, ()), *texts)
+    return merged
+
+
+def renderers(extra: Rendered | None = None) -> dict[str, Callable[[Path], str]]:
+    """Table name -> its text from the rows folder: ``TABLES``, then the texts of ``extra``."""
+    given = {name: text for texts in (extra or {}).values() for name, text in texts.items()}
+    return {**TABLES, **{name: (lambda results, text=text: text) for name, text in given.items()}}
+
+
+def check(readme: str | Path = README, results: str | Path = RESULTS, extra: Rendered | None = None) -> list[str]:
+    """``DOCUMENT:NAME`` of every table in ``DOCUMENTS`` (and ``extra``) that is missing or stale (empty: all
+    agree); the documents are found in the folder of ``readme`` (the checkout)."""
+    root, tables = Path(readme).parent, renderers(extra)
+    return [f"{doc}:{n}" for doc, names in documents(extra).items()
+            for n in check_file(root / doc, names, results, tables)]
+
+
+def update(readme: str | Path = README, results: str | Path = RESULTS, extra: Rendered | None = None) -> list[str]:
+    """Rewrite every table of every document beside ``readme`` (and those of ``extra``); returns
+    ``DOCUMENT:NAME`` of those that changed."""
+    root, tables = Path(readme).parent, renderers(extra)
+    return [f"{doc}:{n}" for doc, names in documents(extra).items()
+            for n in update_file(root / doc, names, results, tables)]
 
 
 CONVENTIONS = ("tau = mean tokens committed per round including the bonus token; budget = draft nodes "
