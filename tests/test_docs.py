@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jetflow.cli import build_parser
+import jetflow
+from jetflow.cli import COMMANDS, build_parser
+from jetflow.drafting.methods import describe
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -57,3 +59,15 @@ def test_help_lists_every_subcommand_on_one_line(monkeypatch):
         line = next(l for l in text.splitlines() if l.strip().startswith(name + " "))
         following = text.splitlines()[text.splitlines().index(line) + 1]
         assert len(line.split(maxsplit=1)) == 2 and not following.startswith(" " * 20), name
+
+
+def test_the_package_docstring_documents_every_public_name_and_method():
+    """The docstring is the public contract: each name of ``__all__`` and the registry's list of methods."""
+    for name in jetflow.__all__:
+        assert f"``{name}" in jetflow.__doc__, name
+    assert describe() in jetflow.__doc__, "rewrite the Methods list of jetflow/__init__.py from describe()"
+
+
+def test_the_table_of_subcommands_is_the_parser():
+    subs = next(a for a in build_parser()._actions if a.dest == "command")
+    assert [c.name for c in COMMANDS] == list(subs.choices)
