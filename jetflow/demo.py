@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -170,3 +171,25 @@ def summary(rows: Sequence[dict]) -> str:
                  f"excluding the root; speedup = decode tokens/s over AR in this run ({dtype}, methods "
                  f"interleaved prompt by prompt), prefill excluded.")
     return "\n".join(lines)
+
+
+def add_arguments(d) -> None:
+    """The flags of ``python -m jetflow demo`` (defaults: ``DemoConfig``)."""
+    demo = DemoConfig()
+    d.add_argument("--methods", default=",".join(demo.methods), help="comma list (AR always runs first)")
+    d.add_argument("--budget", type=int, default=demo.budget, help="draft nodes excluding the root")
+    d.add_argument("--max-new-tokens", type=int, default=demo.max_new_tokens, help="per prompt and method")
+    d.add_argument("--prompts", type=int, default=demo.prompts, help="how many of the demo's prompts")
+    d.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="default: bf16 where the CPU computes it natively (AVX-512 BF16, AMX), else fp32")
+    d.add_argument("--json", action="store_true", help="print one JSON row per method (AR first)")
+
+
+def run_args(args) -> int:
+    """``python -m jetflow demo``: the demo with the parsed flags; ``--json``: its rows on stdout, the rest on stderr."""
+    cfg = DemoConfig(methods=tuple(m for m in args.methods.split(",") if m), budget=args.budget,
+                     max_new_tokens=args.max_new_tokens, prompts=args.prompts, dtype=args.dtype)
+    rows = run(cfg, say=(lambda *a: print(*a, file=sys.stderr)) if args.json else print)
+    for row in rows if args.json else ():
+        print(json.dumps(row))
+    return 0

@@ -347,8 +347,8 @@ def cmd_gpu_check(args) -> int:
     return 0 if all(c["ok"] for c in report["checks"]) else 1
 
 
-def add_gpu_check(sub) -> None:
-    g = sub.add_parser("gpu-check", help="on a GPU: correctness, timing, projected speedup")
+def add_arguments(g) -> None:
+    """The flags of ``python -m jetflow gpu-check``."""
     g.add_argument("--device", default="cuda")
     g.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES), help="timing shape (tiny: a CPU try-out)")
     g.add_argument("--context", type=int, default=Settings.context, help="committed tokens before timed steps")
@@ -356,4 +356,3 @@ def add_gpu_check(sub) -> None:
     g.add_argument("--samples", type=int, default=Settings.samples, help="runs of the sampling check")
     g.add_argument("--skip-embedded", action="store_true", help="skip the embedded SmolLM2 check")
     g.add_argument("--out", default="gpu-check.json", help="the JSON report")
-    g.set_defaults(func=cmd_gpu_check)

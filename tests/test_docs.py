@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jetflow.cli import build_parser
+import jetflow
+from jetflow.cli import COMMANDS, build_parser
+from jetflow.drafting.methods import describe
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -100,3 +102,15 @@ def test_every_module_and_name_the_documents_name_exists():
         except (ImportError, AttributeError):
             broken.append(name)
     assert not broken, f"documents name modules or names that do not exist: {broken}"
+
+
+def test_the_package_docstring_documents_every_public_name_and_method():
+    """The docstring is the public contract: each name of ``__all__`` and the registry's list of methods."""
+    for name in jetflow.__all__:
+        assert f"``{name}" in jetflow.__doc__, name
+    assert describe() in jetflow.__doc__, "rewrite the Methods list of jetflow/__init__.py from describe()"
+
+
+def test_the_table_of_subcommands_is_the_parser():
+    subs = next(a for a in build_parser()._actions if a.dest == "command")
+    assert [c.name for c in COMMANDS] == list(subs.choices)

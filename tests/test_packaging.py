@@ -55,3 +55,22 @@ def test_the_package_list_is_every_folder():
     folders = {".".join(p.relative_to(ROOT).parent.parts) for p in (ROOT / "jetflow").rglob("__init__.py")}
     assert listed == folders | {"jetflow.heads"}, f"pyproject.toml packages: add {sorted(folders - listed)}, " \
                                                   f"drop {sorted(listed - folders - {'jetflow.heads'})}"
+
+
+def test_import_jetflow_is_light():
+    """``import jetflow`` loads no model library: the public names are imported on first use (PEP 562)."""
+    import sys
+    out = subprocess.run([sys.executable, "-c", "import jetflow, sys; print('transformers' in sys.modules)"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_every_public_name_resolves():
+    """Each name of ``jetflow.__all__`` comes from the module the package docstring names for it."""
+    import importlib
+
+    import jetflow
+    assert sorted(jetflow.__all__) == sorted(jetflow.HOMES) and set(jetflow.__all__) <= set(dir(jetflow))
+    for name in jetflow.__all__:
+        assert getattr(jetflow, name) is getattr(importlib.import_module(jetflow.HOMES[name]), name), name
+        assert f"``{jetflow.HOMES[name]}``" in jetflow.__doc__, name

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from jetflow.results import report, tables
-from jetflow.cli import main
+from jetflow.cli import help_tables, main
 
 ROW = {"method": "jetflow", "dataset": "gsm8k", "budget": 16, "tau": 2.567, "speedup": 1.7249,
        "identical_to_ar": 5, "n_prompts": 20}
@@ -18,19 +18,20 @@ def test_cells():
 
 
 def test_documents_match_the_committed_results():
-    assert report.check() == []
+    assert report.check(extra=help_tables()) == []
 
 
 def test_every_table_is_in_a_document_and_every_block_is_checked():
     assert set(report.TABLES) == {n for names in report.DOCUMENTS.values() for n in names}
+    documents = report.documents(help_tables())
     docs = [report.ROOT / "README.md", report.ROOT / "CONTRIBUTING.md", *sorted((report.ROOT / "docs").glob("*.md"))]
     for path in docs:  # a marker block outside DOCUMENTS would never be checked
         name = path.relative_to(report.ROOT).as_posix()
-        assert report.markers(path.read_text()) == list(report.DOCUMENTS.get(name, ())), name
+        assert report.markers(path.read_text()) == list(documents.get(name, ())), name
 
 
 def _copy_docs(root):
-    for doc in report.DOCUMENTS:
+    for doc in report.documents(help_tables()):
         (root / doc).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(report.ROOT / doc, root / doc)
 
@@ -47,6 +48,18 @@ def test_a_stale_table_is_named_and_rewritten(tmp_path):
     assert main(["report", "--check", "--readme", str(readme)]) == 1
     assert report.update(readme) == ["docs/results.md:replay-tau"] and results.read_text() == text
     assert main(["report", "--check", "--readme", str(readme)]) == 0
+
+
+def test_a_stale_cli_page_fails_the_check(tmp_path):
+    """docs/cli.md's --help pages are rendered by the CLI and checked by ``report --check`` like the tables."""
+    _copy_docs(tmp_path)
+    page = tmp_path / "docs" / "cli.md"
+    text = page.read_text()
+    page.write_text(text.replace("--max-new-tokens", "--max-new-tokenz", 1))
+    readme = tmp_path / "README.md"
+    assert report.check(readme) == [] and report.check(readme, extra=help_tables()) == ["docs/cli.md:cli-help"]
+    assert main(["report", "--check", "--readme", str(readme)]) == 1
+    assert main(["report", "--write", "--readme", str(readme)]) == 0 and page.read_text() == text
 
 
 def test_missing_markers_and_results_are_clear_errors(tmp_path, capsys):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from jetflow.cli import build_parser, main
-from jetflow.cli import train_config
+from jetflow.commands import train_config
 from jetflow.drafting.head import DraftHead
 from jetflow.engine.target import Target
 from jetflow.engine.metrics import simulated_tau

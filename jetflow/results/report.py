@@ -3,7 +3,8 @@ in ``data/results/`` (each table rendered by ``jetflow.results.tables``).
 
 Each table sits in its document between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``;
 ``DOCUMENTS`` names the tables of each document (README.md holds the headline table, docs/results.md
-every other one). ``check`` compares those blocks with what the committed ``rows.json`` files give
+every other one); a table the caller renders itself (the CLI's ``--help`` pages of docs/cli.md) comes in
+as ``extra``. ``check`` compares those blocks with what the committed ``rows.json`` files give
 today (a test runs it, so a published number cannot drift from its measurement); ``update`` rewrites
 them after ``make results``:
 
@@ -15,7 +16,7 @@ Cells: **tau / speedup (outputs identical to AR / prompts)**; tau alone for repl
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from jetflow.util.paths import REPO as ROOT
@@ -23,25 +24,6 @@ from .tables import (by_dataset, correction_gain, decoded, grid, headline, repla
                      speed_auto, stop_vs_fixed, tau_curve, train_throughput, trees_vs_ddtree)
 
 README, RESULTS = ROOT / "README.md", ROOT / "data" / "results"
-
-
-def cli_help(width: int = 100) -> str:
-    """``jetflow --help`` and every subcommand's ``--help`` as markdown, wrapped at ``width`` columns
-    whatever the terminal (docs/cli.md holds it, so the page cannot drift from the parser)."""
-    import argparse
-    import os
-    from jetflow.cli import build_parser
-    parser, saved = build_parser(), os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = str(width)  # argparse wraps at the terminal's width
-    try:
-        subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-        parts = [("jetflow --help", parser.format_help())]
-        parts += [(f"jetflow {name} --help", sub.format_help()) for name, sub in subs.items()]
-    finally:
-        os.environ.pop("COLUMNS") if saved is None else os.environ.update(COLUMNS=saved)
-    return "\n\n".join(f"### `{title}`\n\n```text\n{text.rstrip()}\n```" for title, text in parts)
-
-
 
 GRID = tuple(f"cpu-table-bf16-{ds}" for ds in ("gsm8k", "math500", "humaneval", "mt_bench"))
 TABLES: dict[str, Callable[[Path], str]] = {
@@ -57,7 +39,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "replay-tau-merged": lambda res: replay_tau(res, "cpu-replay-tau-merged",
                                                   ("jetflow+lookup", "ddtree+lookup", "jetflow-bp+lookup")),
     "headline": headline,
-    "cli-help": lambda res: cli_help(),
     "replay-trees": trees_vs_ddtree,
     "train-throughput": train_throughput,
     "replay-correction": correction_gain,
@@ -76,7 +57,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
 
 DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout) -> its tables
     "README.md": ("headline",),
-    "docs/cli.md": ("cli-help",),
     "docs/scale.md": ("train-throughput", "tau-curve", "curve-one-pass", "curve-correction"),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
@@ -96,14 +76,16 @@ def markers(text: str) -> list[str]:
     return re.findall(r"^<!-- table:([\w.+-]+) -->$", text, re.M)
 
 
-def check_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS) -> list[str]:
+def check_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS,
+               tables: Mapping[str, Callable[[Path], str]] = TABLES) -> list[str]:
     """Those of ``names`` whose block in ``path`` is missing or differs from the committed rows."""
     text = Path(path).read_text()
     return [n for n in names if (found := _block(n).search(text)) is None
-            or found.group(1) != TABLES[n](Path(results)) + "\n"]
+            or found.group(1) != tables[n](Path(results)) + "\n"]
 
 
-def update_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS) -> list[str]:
+def update_file(path: str | Path, names: Sequence[str], results: str | Path = RESULTS,
+                tables: Mapping[str, Callable[[Path], str]] = TABLES) -> list[str]:
     """Rewrite the blocks ``names`` of ``path`` from the committed rows; returns the names that changed. A
     table whose markers are missing is an error (place the markers where the table belongs first)."""
     path = Path(path)
@@ -112,7 +94,7 @@ def update_file(path: str | Path, names: Sequence[str], results: str | Path = RE
         pattern = _block(name)
         if pattern.search(text) is None:
             raise ValueError(f"{path} has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
-        body = TABLES[name](Path(results))
+        body = tables[name](Path(results))
         new = pattern.sub(lambda m: f"<!-- table:{name} -->\n{body}\n<!-- /table:{name} -->", text)
         if new != text:
             changed.append(name)
@@ -121,14 +103,34 @@ def update_file(path: str | Path, names: Sequence[str], results: str | Path = RE
     return changed
 
 
-def check(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
-    """``DOCUMENT:NAME`` of every table in ``DOCUMENTS`` that is missing or stale (empty: all agree); the
-    documents are found in the folder of ``readme`` (the checkout)."""
-    root = Path(readme).parent
-    return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in check_file(root / doc, names, results)]
+Rendered = Mapping[str, Mapping[str, str]]  # document -> table name -> its text, rendered by the caller
 
 
-def update(readme: str | Path = README, results: str | Path = RESULTS) -> list[str]:
-    """Rewrite every table of every document beside ``readme``; returns ``DOCUMENT:NAME`` of those that changed."""
-    root = Path(readme).parent
-    return [f"{doc}:{n}" for doc, names in DOCUMENTS.items() for n in update_file(root / doc, names, results)]
+def documents(extra: Rendered | None = None) -> dict[str, tuple[str, ...]]:
+    """``DOCUMENTS`` with the tables of ``extra`` added (e.g. the CLI's ``--help`` pages in docs/cli.md)."""
+    merged = dict(DOCUMENTS)
+    for doc, texts in (extra or {}).items():
+        merged[doc] = (*merged.get(doc, ()), *texts)
+    return merged
+
+
+def renderers(extra: Rendered | None = None) -> dict[str, Callable[[Path], str]]:
+    """Table name -> its text from the rows folder: ``TABLES``, then the texts of ``extra``."""
+    given = {name: text for texts in (extra or {}).values() for name, text in texts.items()}
+    return {**TABLES, **{name: (lambda results, text=text: text) for name, text in given.items()}}
+
+
+def check(readme: str | Path = README, results: str | Path = RESULTS, extra: Rendered | None = None) -> list[str]:
+    """``DOCUMENT:NAME`` of every table in ``DOCUMENTS`` (and ``extra``) that is missing or stale (empty: all
+    agree); the documents are found in the folder of ``readme`` (the checkout)."""
+    root, tables = Path(readme).parent, renderers(extra)
+    return [f"{doc}:{n}" for doc, names in documents(extra).items()
+            for n in check_file(root / doc, names, results, tables)]
+
+
+def update(readme: str | Path = README, results: str | Path = RESULTS, extra: Rendered | None = None) -> list[str]:
+    """Rewrite every table of every document beside ``readme`` (and those of ``extra``); returns
+    ``DOCUMENT:NAME`` of those that changed."""
+    root, tables = Path(readme).parent, renderers(extra)
+    return [f"{doc}:{n}" for doc, names in documents(extra).items()
+            for n in update_file(root / doc, names, results, tables)]

@@ -3,5 +3,5 @@ JSON-lines files, the CPU and the dtype to decode in, one-line checks of input, 
 from where its own files lie (``paths``).
 
 May import: the standard library and third-party packages only.
-Never: any other folder of jetflow, or the top (``jetflow/__init__``, ``cli``, ``demo``, ``gpu_check``).
+Never: any other folder of jetflow, or the top (``jetflow/__init__``, ``cli``, ``commands``, ``demo``, ``gpu_check``).
 """

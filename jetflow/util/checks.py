@@ -1,15 +1,14 @@
 """Checks of command-line input, run before any model loads: each failure is one ``ValueError`` that
-names the flag or file and says how to fix it (``cli.main`` prints it as one ``error: ...`` line).
+names the flag or file and says how to fix it (``cli.main`` prints it as one ``error: ...`` line). Only
+plain values and paths: a check that loads a model or a head lives with its command (``jetflow.commands``).
 
     positive(max_new_tokens=1)            # "--max-new-tokens must be >= 1, got 0"
     writable_dir("runs/x", "--out")       # creates it, proves a file can be written there
     prompts_file("p.jsonl")               # exists and is a file, not a folder
-    head_dir("heads/jf", "--jetflow-head") # config and safetensors load into a head
     data_source(None)                     # a data folder or a reachable hub, else a ValueError at once
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -76,28 +75,6 @@ def prompt_source(load):
         return load()
     except RuntimeError as err:
         raise ValueError(str(err)) from None
-
-
-def head_dir(path: str | os.PathLike | None, name: str) -> None:
-    """A local head folder loads: config.json complete and matching its safetensors, which are whole.
-    Hub ids and None (the shipped head) are left to the loader."""
-    if path is None or not Path(path).is_dir():
-        return
-    from safetensors import SafetensorError
-
-    from jetflow.drafting.head import DraftHead
-    try:
-        DraftHead.from_pretrained(str(path))
-    except KeyError as err:
-        raise ValueError(f"{name} {str(path)!r}: config.json lacks the key {err}; restore the head's "
-                         "config.json (it is written by save_pretrained)") from None
-    except (SafetensorError, RuntimeError, TypeError, json.JSONDecodeError, OSError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{name} {str(path)!r} does not hold a loadable head ({type(err).__name__}: {first}); "
-                         "the weights may be truncated or disagree with config.json: copy or train the head "
-                         "again") from None
-    except ValueError as err:
-        raise ValueError(f"{name} {str(path)!r}: {err}") from None
 
 
 def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
