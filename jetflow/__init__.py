@@ -65,7 +65,8 @@ from jetflow.drafting.methods import describe as _describe_methods
 from jetflow.views.notebook import notebook_setup
 from jetflow.drafting.proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
 from jetflow.engine.target import Target, load_target
-from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
+from jetflow.engine.tree import Tree, ancestor_mask
+from jetflow.drafting.builders import accum_logp, best_prefix, chain
 
 __doc__ = __doc__.replace("{methods}", _describe_methods())
 

@@ -38,7 +38,7 @@ from jetflow.drafting.profile import Counts
 from jetflow.drafting.proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
                         RandomProposer, make_proposer)
 from jetflow.engine.target import Target, keep_path, load_target
-from jetflow.engine.tree import accum_logp
+from jetflow.drafting.builders import accum_logp
 from jetflow.engine.verify import tree_attention_mask
 
 HEAD_METHODS = registry.names(lambda m: m.head is not None and not m.lookup_merged)  # the plain head methods

@@ -49,8 +49,8 @@ ALLOWLIST: set[str] = {
     "jetflow/drafting/profile.py:227", "jetflow/drafting/profile.py:288", "jetflow/drafting/profile.py:290",
     "jetflow/drafting/profile.py:292", "jetflow/drafting/profile.py:293", "jetflow/drafting/profile.py:333",
     "jetflow/drafting/profile.py:335", "jetflow/drafting/profile.py:354", "jetflow/drafting/profile.py:355",
-    "jetflow/drafting/profile.py:357", "jetflow/drafting/profile.py:358", "jetflow/drafting/proposers.py:263",
-    "jetflow/drafting/proposers.py:275", "jetflow/engine/compiled.py:43", "jetflow/engine/compiled.py:44",
+    "jetflow/drafting/profile.py:357", "jetflow/drafting/profile.py:358", "jetflow/drafting/proposers.py:264",
+    "jetflow/drafting/proposers.py:276", "jetflow/engine/compiled.py:43", "jetflow/engine/compiled.py:44",
     "jetflow/engine/target.py:245", "jetflow/evaluation/bench.py:49", "jetflow/evaluation/bench.py:50",
     "jetflow/evaluation/bench.py:51", "jetflow/evaluation/bench.py:52", "jetflow/evaluation/replay.py:41",
     "jetflow/evaluation/replay.py:42", "jetflow/evaluation/replay.py:43", "jetflow/results/curve.py:208",
@@ -61,7 +61,6 @@ ALLOWLIST: set[str] = {
 LONG_FILES: set[str] = {
     "jetflow/cli.py",
     "jetflow/data/prompts.py",
-    "jetflow/engine/tree.py",
     "jetflow/results/report.py",
     "jetflow/results/speed.py",
     "jetflow/training/train.py",

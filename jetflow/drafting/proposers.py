@@ -21,7 +21,8 @@ from .checkpoint import check_compatible
 from .correction import PathCorrection, candidates, load_correction, path_table
 from .head import DraftHead, HeadState
 from jetflow.util.paths import shipped_head_dir
-from jetflow.engine.tree import BUILDERS, AcceptanceProfile, Tree, accum_logp, merge, tree_builder
+from jetflow.engine.tree import Tree, merge
+from .builders import BUILDERS, AcceptanceProfile, accum_logp, tree_builder
 
 
 @dataclass

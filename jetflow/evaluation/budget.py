@@ -15,7 +15,7 @@ the head.
 
 The same curve in AR steps, plus one draft pass, saved beside the causal head (``CostCurve``,
 ``python -m jetflow cost --out data/heads/smollm2-135m-jetflow``), is what the per-round stop rule
-(``tree.calibrated_stop``, the ``jetflow-stop`` method) weighs each next node against.
+(``builders.calibrated_stop``, the ``jetflow-stop`` method) weighs each next node against.
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ from jetflow.engine.decode import generate, verify_step
 from jetflow.util.flags import option
 from jetflow.drafting.proposers import make_proposer
 from jetflow.engine.target import Target, keep_path
-from jetflow.engine.tree import Tree, accum_logp
+from jetflow.engine.tree import Tree
+from jetflow.drafting.builders import accum_logp
 from jetflow.engine.verify import greedy_accept
 
 

@@ -348,7 +348,7 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     from jetflow.drafting.proposers import make_proposer
     from .provenance import environment
     from jetflow.engine.target import load_target
-    from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix
+    from jetflow.drafting.builders import best_prefix, path_prefix, path_tail_prefix
     target = load_target(None, dtype=cfg.dtype)
     proposer = make_proposer("jetflow-pc", target)
     if proposer.correction is None:
