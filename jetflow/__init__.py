@@ -64,7 +64,8 @@ from jetflow.engine.decode import Result, Round, generate
 from jetflow.drafting.methods import describe as _describe_methods
 from jetflow.views.notebook import notebook_setup
 from jetflow.drafting.proposers import LookupProposer, OracleProposer, RandomProposer, make_proposer
-from jetflow.engine.target import Target, load_target
+from jetflow.engine.target import Target
+from jetflow.engine.load import load_target
 from jetflow.engine.tree import Tree, ancestor_mask
 from jetflow.drafting.builders import accum_logp, best_prefix, chain
 

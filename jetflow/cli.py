@@ -131,7 +131,7 @@ def cmd_generate(args) -> int:
     checks.head_dir(args.head, "--head")
     from jetflow.engine.decode import generate
     from jetflow.drafting.proposers import make_proposer
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     target = load_target(args.model, dtype=args.dtype, compile=args.compile)
     proposer = make_proposer(args.method, target, head=args.head)
     budget, prediction = args.budget, None
@@ -193,7 +193,7 @@ class RegenerateConfig:
 def default_regen_out(cfg: RegenerateConfig) -> Path:
     """The default output names the model, dtype and n: answers of another target never share a file."""
     from jetflow.util.paths import cache_dir
-    from jetflow.engine.target import EMBEDDED
+    from jetflow.engine.load import EMBEDDED
     model = (cfg.model or EMBEDDED).rstrip("/").replace("/", "--")
     size = cfg.n or "all"
     if cfg.chunks > 1:
@@ -215,7 +215,7 @@ def regenerate_command(cfg: RegenerateConfig, out: Path) -> str:
 def cmd_regenerate(args) -> int:
     from jetflow.util import checks, jsonl
     from jetflow.data.prompts import chunk, regenerate, training_pool, training_prompts
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     cfg = RegenerateConfig(**given(args, RegenerateConfig))
     checks.positive(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
                     max_prompt_tokens=cfg.max_prompt_tokens, chunks=cfg.chunks)
@@ -282,7 +282,7 @@ def cmd_taps(args) -> int:
     from jetflow.util import checks
     from jetflow.data.prompts import data_files
     from jetflow.drafting.head import HeadConfig
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     from jetflow.training.taps import build_all, cache_for, default_dir
     cfg = TapsConfig(**given(args, TapsConfig))
     checks.positive(num_layers=cfg.num_layers, shard_rows=cfg.shard_rows)
@@ -363,7 +363,7 @@ def add_train(sub) -> None:
 def cmd_bench(args) -> int:
     from jetflow.util import checks
     from jetflow.evaluation import bench
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     cfg = bench.BenchConfig.from_name(args.preset, **given(args, bench.BenchConfig), heads=_heads(args))
     _check_io(args, cfg)
     prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))
@@ -390,7 +390,7 @@ def cmd_replay(args) -> int:
     from jetflow.evaluation import replay
     from jetflow.evaluation.bench import prompt_sets
     from jetflow.util.paths import cache_dir
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     cfg = replay.ReplayConfig(**given(args, replay.ReplayConfig), heads=_heads(args))
     _check_io(args, cfg)
     cache = checks.writable_dir(Path(cfg.cache) if cfg.cache else cache_dir() / "replay", "--cache")

@@ -37,7 +37,8 @@ from jetflow.drafting.correction import random_correction
 from jetflow.drafting.profile import Counts
 from jetflow.drafting.proposers import (HeadDraftState, HeadProposer, LookupProposer, OracleProposer,
                         RandomProposer, make_proposer)
-from jetflow.engine.target import Target, keep_path, load_target
+from jetflow.engine.target import Target, keep_path
+from jetflow.engine.load import load_target
 from jetflow.drafting.builders import accum_logp
 from jetflow.engine.verify import tree_attention_mask
 

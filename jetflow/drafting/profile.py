@@ -291,7 +291,7 @@ def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     from jetflow.util.paths import shipped_head_dir
     from jetflow.training.provenance import environment
     from jetflow.evaluation.replay import Trace
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     out = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
     target = load_target(None, dtype="float32")
     if cfg.data:
@@ -356,7 +356,7 @@ def diagnose(cfg: DiagnoseConfig, progress: bool = True) -> list[dict]:
     from jetflow.util.paths import shipped_head_dir
     from jetflow.training.provenance import environment
     from jetflow.evaluation.replay import ar_traces, trace_cache
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     target = load_target(None, dtype="float32")
     proposer = make_proposer("jetflow", target, draft_dtype=torch.float32)
     corrected = proposer.correction is not None

@@ -42,7 +42,7 @@ from transformers import StaticCache
 
 from jetflow.drafting.head import HeadState, block_positions, training_mask
 from jetflow.drafting.proposers import HeadProposer, LookupMerged
-from .target import Step, Target, _cache_argument
+from .target import Step, Target, cache_argument
 
 QUERY_SIZES = (1, 9, 17, 33, 65, 129, 257)  # AR, then budget + 1 for budgets 8, 16, 32, ...
 
@@ -170,7 +170,7 @@ class StaticEngine:
         self.epoch = 0
         self.graphs: dict[int, object] = {}
         self.compile_s: dict[int, float] = {}  # query size -> seconds of its first call (compile or cache load)
-        self._eager = functools.partial(_run, model, _cache_argument(type(model)), self.cache)
+        self._eager = functools.partial(_run, model, cache_argument(type(model)), self.cache)
         self.drafts: dict[int, CompiledDraft] = {}      # id(head) -> its compiled draft pass
         self.proposers: dict[int, tuple] = {}           # id(proposer) -> (proposer, its compiled-draft twin)
         # one code object (_run) holds every size's graph; never let dynamo fall back to eager silently

@@ -52,7 +52,8 @@ from jetflow.results.report import bench_markdown as to_markdown  # bench.to_mar
 from jetflow.results.report import write_rows as write
 from .journal import Journal, PromptRun, head_fingerprint, journal_settings, text_sha
 from jetflow.drafting.proposers import make_proposer
-from jetflow.engine.target import DTYPES, Target
+from jetflow.engine.target import Target
+from jetflow.engine.load import DTYPES
 
 
 

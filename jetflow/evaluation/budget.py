@@ -260,7 +260,7 @@ def measure_cost(cfg: CostConfig) -> Path:
     (median draft seconds of ``draft_method``'s rounds over the median AR step of the same prompt, both
     decoded here), save both beside the head."""
     from jetflow.util import hardware
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     target = load_target(cfg.model, dtype=cfg.dtype)
     seconds = measure_verify_cost(target, cfg.sizes, past_len=cfg.past_len, repeats=cfg.repeats)
     proposer = make_proposer(cfg.draft_method, target, draft_dtype=target.dtype)

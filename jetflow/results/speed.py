@@ -37,7 +37,8 @@ from jetflow.engine.decode import generate
 from jetflow.drafting import methods as registry
 from jetflow.drafting.proposers import LookupMerged, make_proposer
 from .speed_bounds import PROBES, probe_rows, profile_rows
-from jetflow.engine.target import Target, embedded_gguf, load_target
+from jetflow.engine.target import Target
+from jetflow.engine.load import embedded_gguf, load_target
 
 KINDS = ("setup", "compile", "verify", "draft", "decode", "exactness", "ar-agreement", "profile", "probe")
 
