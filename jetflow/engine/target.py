@@ -17,16 +17,6 @@ from transformers.cache_utils import DynamicLayer
 ATTENTION = ("sdpa", "eager")  # implementations that take the 4-D additive tree mask as it is
 
 
-def tap_layers(num_layers: int, num_taps: int) -> tuple[int, ...]:
-    """Decoder layers to tap, evenly spaced from 1 to num_layers - 3 (the middle one if only one)."""
-    if num_taps < 1:
-        raise ValueError(f"num_taps must be >= 1, got {num_taps}")
-    if num_taps == 1:
-        return (num_layers // 2,)
-    last = num_layers - 3
-    return tuple(round(1 + i * (last - 1) / (num_taps - 1)) for i in range(num_taps))
-
-
 @dataclass(frozen=True)
 class Step:
     logits: torch.Tensor       # (T, V) float32
