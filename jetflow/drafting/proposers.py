@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import check_compatible
+from .compiled_draft import CompiledPass
 from .correction import PathCorrection, candidates, load_correction, path_table
 from .head import DraftHead, HeadState
 from jetflow.util.paths import shipped_head_dir
@@ -215,6 +216,15 @@ class HeadProposer:
         ids[1:] = self.vocab[ids[1:]]  # draft-vocabulary columns -> token ids (the root is the anchor)
         return dataclasses.replace(tree, tokens=ids)
 
+    def compiled_for(self, target) -> "HeadProposer":
+        """Hook of a compiled ``target`` (``CompiledTarget.draft_proposer``): this proposer's twin whose head
+        draft pass runs compiled."""
+        return CompiledHeadProposer.twin(self, target)
+
+
+class CompiledHeadProposer(CompiledPass, HeadProposer):
+    """A ``HeadProposer`` whose draft pass runs compiled (``jetflow.drafting.compiled_draft.CompiledPass``)."""
+
 
 @dataclass
 class LookupMerged:
@@ -252,6 +262,10 @@ class LookupMerged:
 
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
         return self.merged(tokens, self.inner.propose(state, tokens, new_taps, budget), budget)
+
+    def compiled_for(self, target) -> "LookupMerged":
+        """Hook of a compiled ``target``: this merge around its inner proposer's compiled twin."""
+        return dataclasses.replace(self, inner=target.draft_proposer(self.inner))
 
 
 def make_proposer(method: str, target, *, head: str | None = None, width: int = 7,
