@@ -75,7 +75,7 @@ class RegenerateConfig:
 def default_regen_out(cfg: RegenerateConfig) -> Path:
     """The default output names the model, dtype and n: answers of another target never share a file."""
     from jetflow.util.paths import cache_dir
-    from jetflow.engine.target import EMBEDDED
+    from jetflow.engine.load import EMBEDDED
     model = (cfg.model or EMBEDDED).rstrip("/").replace("/", "--")
     size = cfg.n or "all"
     if cfg.chunks > 1:
@@ -97,7 +97,7 @@ def regenerate_command(cfg: RegenerateConfig, out: Path) -> str:
 def cmd_regenerate(args) -> int:
     from jetflow.util import checks, jsonl
     from jetflow.data.prompts import chunk, regenerate, training_pool, training_prompts
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     cfg = RegenerateConfig(**given(args, RegenerateConfig))
     checks.positive(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
                     max_prompt_tokens=cfg.max_prompt_tokens, chunks=cfg.chunks)
@@ -158,7 +158,7 @@ def cmd_taps(args) -> int:
     from jetflow.util import checks
     from jetflow.data.prompts import data_files
     from jetflow.drafting.head import HeadConfig
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     from jetflow.training.taps import build_all, cache_for, default_dir
     cfg = TapsConfig(**given(args, TapsConfig))
     checks.positive(num_layers=cfg.num_layers, shard_rows=cfg.shard_rows)

@@ -19,7 +19,7 @@ from jetflow.drafting import methods as registry
 from jetflow.drafting.head import DraftHead
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.decode import check_temperature, generate
-from jetflow.engine.target import load_target
+from jetflow.engine.load import load_target
 from jetflow.evaluation import bench, budget, replay
 from jetflow.evaluation.rows import write_rows
 from jetflow.results import curve, diagnose, throughput

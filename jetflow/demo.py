@@ -30,7 +30,8 @@ from jetflow.data.prompts import math_prompt
 from jetflow.drafting.methods import names
 from jetflow.engine.metrics import summarize
 from jetflow.util.hardware import environment
-from jetflow.engine.target import DTYPES, Target, load_target
+from jetflow.engine.target import Target
+from jetflow.engine.load import DTYPES, load_target
 
 PROMPTS = (  # a math word problem in the benchmarks' format, a code edit, another word problem
     math_prompt("Lena buys 3 notebooks at $4 each and 2 pens at $1.50 each. She pays with a $20 bill. "

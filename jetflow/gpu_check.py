@@ -37,8 +37,9 @@ from jetflow.drafting.correction import random_correction
 from jetflow.drafting.profile import Counts
 from jetflow.drafting.proposers import HeadDraftState, HeadProposer, LookupProposer, OracleProposer, RandomProposer
 from jetflow.drafting.methods import make_proposer
-from jetflow.engine.target import Target, keep_path, load_target
-from jetflow.engine.tree import accum_logp
+from jetflow.engine.target import Target, keep_path
+from jetflow.engine.load import load_target
+from jetflow.drafting.builders import accum_logp
 from jetflow.engine.verify import tree_attention_mask
 
 HEAD_METHODS = registry.names(lambda m: m.head is not None and not m.lookup_merged)  # the plain head methods

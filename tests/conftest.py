@@ -5,7 +5,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from fakes import ByteTokenizer, tiny_model
-from jetflow.engine.target import Target, embedded_gguf, load_target
+from jetflow.engine.target import Target
+from jetflow.engine.load import embedded_gguf, load_target
 
 
 def pytest_collection_modifyitems(items):

@@ -50,7 +50,7 @@ def random_profile(depths: int, n_rank: int, seed: int = 0):
     in log-prob), for the builders that take one."""
     import math
 
-    from jetflow.engine.tree import AcceptanceProfile
+    from jetflow.drafting.builders import AcceptanceProfile
     g = torch.Generator().manual_seed(seed)
     rank = torch.rand(2, depths, n_rank, generator=g).sort(-1, descending=True).values * 0.9
     edges = torch.tensor([-math.inf, -3.0, -2.0, -1.0, -0.5, 0.0])

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config
 
-from jetflow.drafting import checkpoint, head as head_module
-from jetflow.drafting.checkpoint import from_hf_dict, read_causal, read_rope_theta, to_hf_dict
+from jetflow.drafting import checkpoint
+from jetflow.drafting.checkpoint import read_causal, read_rope_theta, to_hf_dict
 from jetflow.drafting.head import DraftHead, HeadConfig
 
 V = 97
@@ -48,7 +48,7 @@ def test_causal_flag_is_read_from_every_dialect(flags, expected):
     d = bare_dict(**({"is_causal": flags["is_causal"]} if "is_causal" in flags else {}))
     d = with_dflash(d, **{k: v for k, v in flags.items() if k != "is_causal"})
     assert read_causal(d) is expected
-    assert from_hf_dict(d).causal is expected
+    assert HeadConfig.from_hf_dict(d).causal is expected
 
 
 @pytest.mark.parametrize("flags", [
@@ -58,7 +58,7 @@ def test_causal_flag_is_read_from_every_dialect(flags, expected):
 def test_conflicting_causal_flags_are_an_error(flags):
     d = bare_dict(**({"is_causal": flags.pop("is_causal")} if "is_causal" in flags else {}))
     with pytest.raises(ValueError, match="disagree"):
-        from_hf_dict(with_dflash(d, **flags))
+        HeadConfig.from_hf_dict(with_dflash(d, **flags))
 
 
 def test_causal_flag_must_be_a_bool():
@@ -84,13 +84,13 @@ def test_rope_theta_flat_or_nested(fields, expected):
     d = bare_dict()
     d.pop("rope_theta")
     assert read_rope_theta(d | fields) == expected
-    assert from_hf_dict(d | fields).rope_theta == expected
+    assert HeadConfig.from_hf_dict(d | fields).rope_theta == expected
 
 
 def test_conflicting_rope_theta_is_an_error():
     d = bare_dict(rope_theta=1e6, rope_parameters={"rope_type": "default", "rope_theta": 5e5})
     with pytest.raises(ValueError, match="rope_parameters.rope_theta"):
-        from_hf_dict(d)
+        HeadConfig.from_hf_dict(d)
 
 
 @pytest.mark.parametrize("top,nested,expected", [(7, None, 7), (None, 9, 9), (6, 6, 6), (None, None, 16)])
@@ -99,20 +99,20 @@ def test_block_size_top_level_or_in_dflash_config(top, nested, expected):
     d.pop("block_size")
     d = d | ({"block_size": top} if top else {})
     d = with_dflash(d, block_size=nested) if nested else d
-    assert from_hf_dict(d).block_size == expected
+    assert HeadConfig.from_hf_dict(d).block_size == expected
 
 
 def test_conflicting_block_size_is_an_error():
     with pytest.raises(ValueError, match="block_size=5, dflash_config.block_size=8"):
-        from_hf_dict(with_dflash(bare_dict(), block_size=8))
+        HeadConfig.from_hf_dict(with_dflash(bare_dict(), block_size=8))
 
 
 def test_kit_dict_round_trips_and_reads_back_through_transformers():
     """What the kit writes survives transformers' Qwen3Config (which nests rope_theta and adds
     layer_types), as it does when another package re-saves the config."""
     for c in (tiny_config(), tiny_config(causal=False, draft_vocab_size=7)):
-        assert from_hf_dict(to_hf_dict(c)) == c
-        assert from_hf_dict(Qwen3Config(**to_hf_dict(c)).to_dict()) == c
+        assert HeadConfig.from_hf_dict(to_hf_dict(c)) == c
+        assert HeadConfig.from_hf_dict(Qwen3Config(**to_hf_dict(c)).to_dict()) == c
 
 
 # ----------------------------------------------------------------------------- refused fields
@@ -135,7 +135,7 @@ def test_kit_dict_round_trips_and_reads_back_through_transformers():
 ])
 def test_fields_that_change_the_math_are_refused_by_name(fields, key):
     with pytest.raises(ValueError, match=rf"config field {key}=.*not implemented"):
-        from_hf_dict(bare_dict() | fields)
+        HeadConfig.from_hf_dict(bare_dict() | fields)
 
 
 @pytest.mark.parametrize("fields", [
@@ -146,39 +146,39 @@ def test_fields_that_change_the_math_are_refused_by_name(fields, key):
     {"attention_sink_bias": None, "use_swa": False},
 ])
 def test_harmless_values_of_those_fields_are_accepted(fields):
-    assert from_hf_dict(bare_dict() | fields) == from_hf_dict(bare_dict())
+    assert HeadConfig.from_hf_dict(bare_dict() | fields) == HeadConfig.from_hf_dict(bare_dict())
 
 
 def test_speculators_configs_are_refused_with_what_they_are():
     d = bare_dict(speculators_config={"algorithm": "dflash"}, speculators_model_type="dflash")
     with pytest.raises(ValueError, match=r"speculators_config \(algorithm 'dflash'\): .* vLLM `speculators` library"):
-        from_hf_dict(d)
+        HeadConfig.from_hf_dict(d)
 
 
 def test_config_without_mask_token_is_not_a_head():
     d = bare_dict()
     d["dflash_config"].pop("mask_token_id")
     with pytest.raises(ValueError, match="not a DFlash/JetSpec draft head"):
-        from_hf_dict(d)
+        HeadConfig.from_hf_dict(d)
 
 
 def test_missing_required_field_is_named():
     d = bare_dict()
     del d["num_target_layers"]
     with pytest.raises(ValueError, match="lacks num_target_layers"):
-        from_hf_dict(d)
+        HeadConfig.from_hf_dict(d)
 
 
 def test_mask_token_and_taps_may_sit_top_level():
     d = bare_dict(mask_token_id=V - 1, target_layer_ids=[1, 3])
     d["dflash_config"] = {}
-    assert from_hf_dict(d) == from_hf_dict(bare_dict())
+    assert HeadConfig.from_hf_dict(d) == HeadConfig.from_hf_dict(bare_dict())
 
 
 def test_taps_stored_as_l_plus_one_are_caught():
     """vLLM / llama.cpp store l + 1: a 6-layer target tapped at layer 6 does not exist."""
     with pytest.raises(ValueError, match=r"hidden_states\[l \+ 1\]"):
-        from_hf_dict(with_dflash(bare_dict(), target_layer_ids=[2, 6]))
+        HeadConfig.from_hf_dict(with_dflash(bare_dict(), target_layer_ids=[2, 6]))
 
 
 # ----------------------------------------------------------------------------- draft vocabulary
@@ -213,9 +213,11 @@ def test_wrong_tensor_shape_is_a_clear_error(tmp_path):
         DraftHead.from_pretrained(str(tmp_path))
 
 
-def test_moved_functions_are_still_importable_from_head():
-    assert head_module.init_from_target is checkpoint.init_from_target
-    assert head_module.check_compatible is checkpoint.check_compatible
+def test_the_layout_reads_plain_dicts():
+    d = to_hf_dict(tiny_config())
+    assert HeadConfig(**checkpoint.head_fields(d)) == tiny_config()
+    del d["dflash_config"]["target_layer_ids"]
+    assert checkpoint.head_fields(d)["target_layer_ids"] == ()  # the head derives them (head.tap_layers)
 
 
 # ----------------------------------------------------------------------------- published shapes
@@ -258,7 +260,7 @@ def expected_shapes(d: dict) -> dict:
     (QWEN3_30B_A3B, False, 91, 473_995_264),
 ])
 def test_published_head_shapes_on_meta(d, causal, tensors, params):
-    config = from_hf_dict(d)
+    config = HeadConfig.from_hf_dict(d)
     assert config.causal is causal and config.mask_token_id == 151669 and config.block_size == 16
     with torch.device("meta"):
         head = DraftHead(config)
@@ -266,7 +268,7 @@ def test_published_head_shapes_on_meta(d, causal, tensors, params):
     assert len(state) == tensors
     assert state == expected_shapes(d)
     assert sum(p.numel() for p in head.parameters()) == params
-    assert from_hf_dict(to_hf_dict(config)) == config
+    assert HeadConfig.from_hf_dict(to_hf_dict(config)) == config
 
 
 @pytest.mark.parametrize("kind, causal", [("jetflow", True), ("dflash", False)])

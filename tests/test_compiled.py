@@ -8,9 +8,10 @@ import torch
 from transformers import DynamicCache
 
 from fakes import ByteTokenizer, tiny_model
-from jetflow.engine.compiled import CompileConfig, CompiledHeadProposer, StaticKV, compile_target, padded_mask
+from jetflow.engine.compiled import CompileConfig, StaticKV, compile_target, padded_mask
 from jetflow.engine.decode import generate
-from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer, OracleProposer, RandomProposer
+from jetflow.drafting.proposers import (CompiledHeadProposer, HeadProposer, LookupMerged, LookupProposer, OracleProposer,
+                                       RandomProposer)
 from jetflow.engine.target import Target, keep_path
 from jetflow.engine.tree import Tree
 from jetflow.engine.verify import tree_attention_mask
@@ -163,6 +164,7 @@ def test_compiled_draft_pass_equals_the_eager_one(compiled, head_proposers, n_ct
 def test_only_head_proposers_get_a_compiled_draft(compiled, head_proposers):
     merged = compiled.draft_proposer(head_proposers["jetflow+lookup"])
     assert isinstance(merged, LookupMerged) and isinstance(merged.inner, CompiledHeadProposer)
+    assert compiled.draft_proposer(merged.inner) is merged.inner  # a twin has no twin of its own
     lookup = LookupProposer()
     assert compiled.draft_proposer(lookup) is lookup and compiled.draft_proposer(None) is None
     off = compile_target(Target(tiny_model("llama", 16), ByteTokenizer(), "tiny"),

@@ -16,7 +16,7 @@ from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged
 from jetflow.drafting.methods import make_proposer
 from jetflow.training.train import TrainConfig, build_head
-from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix, tree_builder
+from jetflow.drafting.builders import best_prefix, path_prefix, path_tail_prefix, tree_builder
 
 
 def random_tables(depths, vocab, c, seed):

@@ -304,7 +304,8 @@ def test_left_pad():
 def tiny_target():
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from jetflow.engine.target import Target, embedded_gguf
+    from jetflow.engine.target import Target
+    from jetflow.engine.load import embedded_gguf
 
     gguf = embedded_gguf()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

@@ -38,7 +38,7 @@ from safetensors.torch import load_file
 
 from fakes import tiny_model
 from jetflow.training import train as train_mod  # check_launch, _is_main and their variables
-from jetflow.engine.target import load_target
+from jetflow.engine.load import load_target
 from jetflow.training.taps import build
 from jetflow.training.train import TrainConfig, build_head, train
 

@@ -8,8 +8,8 @@ from safetensors import safe_open
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from jetflow.drafting.head import (DraftHead, HeadConfig, block_mask, block_positions, check_compatible, draft_logp,
-                          init_from_target, training_mask)
+from jetflow.drafting.checkpoint import check_compatible, init_from_target
+from jetflow.drafting.head import DraftHead, HeadConfig, block_mask, block_positions, draft_logp, training_mask
 
 H, V, N = 64, 97, 5
 SIZES = dict(hidden_size=H, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, vocab_size=V)

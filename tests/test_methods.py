@@ -1,5 +1,5 @@
 """Tests for jetflow/drafting/methods.py: the method registry and what derives from it (proposers, CLI, docstring),
-and the tree-builder registry of jetflow/engine/tree.py."""
+and the tree-builder registry of jetflow/drafting/builders.py."""
 import pytest
 import torch
 
@@ -10,7 +10,7 @@ from jetflow.cli import build_parser
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer, RandomProposer
 from jetflow.drafting.methods import make_proposer
 from jetflow.training.train import TrainConfig, build_head
-from jetflow.engine.tree import BUILDERS, accum_logp, chain, tree_builder
+from jetflow.drafting.builders import BUILDERS, accum_logp, chain, tree_builder
 
 
 @pytest.fixture(scope="module")

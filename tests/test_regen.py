@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 import jetflow.data.prompts as data_mod
-import jetflow.engine.target
+import jetflow.engine.load
 from jetflow.util import jsonl
 from jetflow.cli import RegenerateConfig, build_parser, chunk_files, main, regenerate_command
 from jetflow.data.prompts import TRAINING_SOURCES, _training_pool, chunk, load_regenerated, training_pool
@@ -21,7 +21,7 @@ from fakes import CharTokenizer, tiny_model
 @pytest.fixture
 def tiny(monkeypatch):
     target = Target(tiny_model("llama", 61, seed=2), CharTokenizer(61), "tiny-char")
-    monkeypatch.setattr(jetflow.engine.target, "load_target", lambda *a, **k: target)
+    monkeypatch.setattr(jetflow.engine.load, "load_target", lambda *a, **k: target)
     monkeypatch.setenv("JETFLOW_DATA_DIR", "fixtures")
     return target
 

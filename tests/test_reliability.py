@@ -75,7 +75,7 @@ def test_full_attention_targets_pass(build):
 
 
 def test_load_target_refuses_a_sliding_window_checkpoint(tmp_path, gguf_tokenizer):
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     T.MistralForCausalLM(T.MistralConfig(sliding_window=4, **(COMMON | {"vocab_size": len(gguf_tokenizer)}))
                          ).save_pretrained(tmp_path)
     gguf_tokenizer.save_pretrained(tmp_path)
@@ -350,8 +350,8 @@ def test_every_bad_input_is_tested(tmp_path, head_dir):
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_bad_input_is_one_error_line_and_exit_2(case, tmp_path, head_dir, offline, capsys, monkeypatch):
-    import jetflow.engine.target
-    monkeypatch.setattr(jetflow.engine.target, "_load", lambda *a: pytest.fail("a model was loaded"))
+    import jetflow.engine.load
+    monkeypatch.setattr(jetflow.engine.load, "load_eager", lambda *a: pytest.fail("a model was loaded"))
     argv, message = _bad_inputs(tmp_path, head_dir)[case]
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     assert main(argv) == 2

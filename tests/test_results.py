@@ -83,7 +83,7 @@ def test_the_entry_reproduces_the_committed_folder(name):
     assert {r["dtype"] for r in rows} == {getattr(cfg, "dtype", "float32")}
     if isinstance(cfg, ReplayConfig):  # widths only for the builders that take one
         from jetflow.drafting.methods import method
-        from jetflow.engine.tree import BUILDERS
+        from jetflow.drafting.builders import BUILDERS
         widths = set(cfg.widths) if any("width" in BUILDERS[method(m).builder].options for m in cfg.methods) else set()
         assert {r["width"] for r in rows} - {None} == widths
     assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)

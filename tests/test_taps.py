@@ -320,7 +320,7 @@ def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target
     refused with the command that builds it."""
     import jetflow.data.holdout
     import jetflow.drafting.methods
-    import jetflow.engine.target
+    import jetflow.engine.load
     from jetflow.drafting.correction import load_correction
     from jetflow.training.correction_train import CorrectionTrainConfig, train_correction
     from jetflow.drafting.proposers import HeadProposer
@@ -330,7 +330,7 @@ def test_the_correction_trains_the_same_from_the_cache_as_from_the_target(target
     proposer = HeadProposer(head, target, "best_prefix")
     monkeypatch.setenv("JETFLOW_CACHE", str(tmp_path))  # the data lies in the cache folder
     monkeypatch.setattr(jetflow.data.holdout, "heldout_prompts", lambda n, **kw: [{"id": "src1:1-1"}])
-    monkeypatch.setattr(jetflow.engine.target, "load_target", lambda *a, **kw: target)
+    monkeypatch.setattr(jetflow.engine.load, "load_target", lambda *a, **kw: target)
     monkeypatch.setattr(jetflow.drafting.methods, "make_proposer", lambda *a, **kw: proposer)
     files = data_files(folder)
     build_all(target, files, [cache_for(tmp_path / "taps", f, True) for f in files], layers=proposer.taps,

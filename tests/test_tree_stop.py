@@ -1,4 +1,4 @@
-"""The per-round budget (``tree.calibrated_stop``, the ``jetflow-stop`` methods) and the cost curve it reads."""
+"""The per-round budget (``builders.calibrated_stop``, the ``jetflow-stop`` methods) and the cost curve it reads."""
 import json
 import math
 
@@ -12,7 +12,7 @@ from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged
 from jetflow.drafting.methods import make_proposer
 from jetflow.training.train import TrainConfig, build_head
-from jetflow.engine.tree import BUILDERS, calibrated_prefix, calibrated_stop, stop_size
+from jetflow.drafting.builders import BUILDERS, calibrated_prefix, calibrated_stop, stop_size
 
 # verify cost in AR steps, flat then linear (the shape measured on a CPU)
 CURVE = CostCurve({1: 1.0, 8: 1.3, 32: 2.0, 128: 5.0, 256: 9.0}, draft=0.3)

@@ -5,7 +5,8 @@ import torch
 
 from jetflow.views import viz, viz_rounds, viz_rows, viz_style, viz_train
 from jetflow.engine.decode import Result, Round
-from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix
+from jetflow.engine.tree import Tree, ancestor_mask
+from jetflow.drafting.builders import accum_logp, best_prefix
 
 # node:   0     1    2    3    4    5    6           0 root
 # token: 10    11   12   13   14   15   16          ├─1 ── 3 ── 5

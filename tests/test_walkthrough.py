@@ -7,7 +7,8 @@ import torch
 from jetflow.views import walkthrough as wt
 from jetflow.engine.decode import Round, generate
 from jetflow.drafting.proposers import LookupProposer, RandomProposer
-from jetflow.engine.tree import Tree, accum_logp, ancestor_mask, best_prefix, chain
+from jetflow.engine.tree import Tree, ancestor_mask
+from jetflow.drafting.builders import accum_logp, best_prefix, chain
 
 THE, CAT, A, SAT, DOG = 1, 2, 3, 4, 5
 

@@ -1,5 +1,9 @@
 """Draft-head checkpoints in the published DFlash / JetSpec layout, and the config dialects around it.
 
+The file layout only: config dicts <-> files, the dialects, the hub download and the checks. It knows no class:
+it reads and writes dicts and works on any head with ``config`` and ``state_dict()`` (``DraftHead`` in
+``jetflow.drafting.head`` builds its objects from what this module reads).
+
 A checkpoint is a directory with ``config.json`` (a Hugging Face Qwen3 config plus the DFlash fields)
 and ``*.safetensors`` keyed ``layers.{i}.*``, ``fc``, ``hidden_norm``, ``norm`` (plus ``draft_vocab``,
 this kit's extension, when the head drafts a reduced vocabulary). ``z-lab/Qwen3-8B-DFlash-b16``,
@@ -34,8 +38,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .head import DecoderLayer, DraftHead, HeadConfig
-from jetflow.engine.target import tap_layers
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 WEIGHT_FILES = "model*.safetensors"  # model.safetensors or HF shards model-0000k-of-0000n; not side files
@@ -125,8 +127,9 @@ REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attent
             "vocab_size", "num_target_layers")
 
 
-def from_hf_dict(d: dict) -> HeadConfig:
-    """HeadConfig from a published (or this kit's) config.json dict, in any dialect above."""
+def head_fields(d: dict) -> dict:
+    """The ``HeadConfig`` keyword arguments of a published (or this kit's) config.json dict, in any dialect
+    above; ``target_layer_ids`` is () when the config names none (the head then derives them)."""
     check_supported(d)
     mask = _dflash_field(d, "mask_token_id")
     if mask is None:
@@ -135,21 +138,20 @@ def from_hf_dict(d: dict) -> HeadConfig:
     if missing:
         raise ValueError(f"draft-head config lacks {', '.join(missing)}")
     layers, heads = d["num_hidden_layers"], d["num_attention_heads"]
-    n_target = d["num_target_layers"]
-    taps = _dflash_field(d, "target_layer_ids") or tap_layers(n_target, layers)
-    return HeadConfig(
+    return dict(
         hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"], num_layers=layers,
         num_heads=heads, num_kv_heads=d.get("num_key_value_heads") or heads,
         head_dim=d.get("head_dim") or d["hidden_size"] // heads, rms_norm_eps=d["rms_norm_eps"],
         rope_theta=read_rope_theta(d), vocab_size=d["vocab_size"],
-        block_size=int(_dflash_field(d, "block_size", DEFAULT_BLOCK_SIZE)), target_layer_ids=tuple(taps),
-        num_target_layers=n_target, mask_token_id=int(mask), causal=read_causal(d),
-        draft_vocab_size=int(_dflash_field(d, "draft_vocab_size", 0)))
+        block_size=int(_dflash_field(d, "block_size", DEFAULT_BLOCK_SIZE)),
+        target_layer_ids=tuple(_dflash_field(d, "target_layer_ids") or ()), num_target_layers=d["num_target_layers"],
+        mask_token_id=int(mask), causal=read_causal(d), draft_vocab_size=int(_dflash_field(d, "draft_vocab_size", 0)))
 
 
-def to_hf_dict(c: HeadConfig) -> dict:
-    """The published config: a Qwen3 config plus the DFlash fields, every dialect's keys written with
-    the same value (``draft_vocab_size`` only when the head has a reduced draft vocabulary)."""
+def to_hf_dict(c) -> dict:
+    """The published config of head config ``c`` (a ``HeadConfig``, or anything with its fields): a Qwen3
+    config plus the DFlash fields, every dialect's keys written with the same value (``draft_vocab_size`` only
+    when the head has a reduced draft vocabulary)."""
     dflash = {"target_layer_ids": list(c.target_layer_ids), "mask_token_id": c.mask_token_id,
               "block_size": c.block_size, "causal_head": c.causal, "causal": c.causal}
     if c.draft_vocab_size:
@@ -168,8 +170,8 @@ def to_hf_dict(c: HeadConfig) -> dict:
 
 
 # ----------------------------------------------------------------------------- files
-def save(head: DraftHead, directory, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in ``dtype`` (integer buffers keep theirs)."""
+def save(head: nn.Module, directory, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write ``head``'s ``config.json`` + ``model.safetensors`` in ``dtype`` (integer buffers keep theirs)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     cfg = to_hf_dict(head.config) | {"dtype": str(dtype).removeprefix("torch.")}
@@ -180,26 +182,30 @@ def save(head: DraftHead, directory, dtype: torch.dtype = torch.bfloat16) -> Pat
     return out
 
 
-def load(path_or_hub_id: str, dtype: torch.dtype = torch.float32) -> DraftHead:
-    """A head from a local directory, else from the Hugging Face hub (config + safetensors only)."""
+def read(path_or_hub_id: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json dict, weights by name) of a local directory, else of a Hugging Face hub id (config and
+    safetensors only)."""
     path = Path(path_or_hub_id)
     if not path.is_dir():
         path = download(str(path_or_hub_id))
-    config = from_hf_dict(json.loads((path / CONFIG_FILE).read_text()))
     weights = {}
     for file in sorted(path.glob(WEIGHT_FILES)):
         weights |= load_file(str(file))
-    head = DraftHead(config)
+    return json.loads((path / CONFIG_FILE).read_text()), weights
+
+
+def load_weights(head: nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
+    """Fill ``head`` (built from the checkpoint's config) with ``weights``; ValueError naming ``source`` when
+    they do not match its layout or its draft vocabulary is not one."""
     try:
         missing, unexpected = head.load_state_dict(weights, strict=False)
     except RuntimeError as err:  # a tensor of the wrong shape
-        raise ValueError(f"checkpoint {path_or_hub_id!r} does not match its config: {err}") from err
+        raise ValueError(f"checkpoint {source!r} does not match its config: {err}") from err
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path_or_hub_id!r} does not match the head layout: "
+        raise ValueError(f"checkpoint {source!r} does not match the head layout: "
                          f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
     if head.vocab is not None:
-        check_draft_vocab(head.vocab, config.vocab_size)
-    return head.to(dtype).eval()
+        check_draft_vocab(head.vocab, head.config.vocab_size)
 
 
 def check_draft_vocab(vocab: torch.Tensor, vocab_size: int) -> None:
@@ -223,7 +229,7 @@ def download(hub_id: str) -> Path:
 
 
 # ----------------------------------------------------------------------------- head <-> target
-def check_compatible(head_config: HeadConfig, target_config) -> None:
+def check_compatible(head_config, target_config) -> None:
     """Raise ValueError when the head cannot read this target's taps or speak its vocabulary."""
     c = head_config
     if c.hidden_size != target_config.hidden_size:
@@ -237,7 +243,7 @@ def check_compatible(head_config: HeadConfig, target_config) -> None:
 
 
 @torch.no_grad()
-def init_from_target(head: DraftHead, target_model: nn.Module) -> None:
+def init_from_target(head: nn.Module, target_model: nn.Module) -> None:
     """Start the head from the target (a random init stalls, see docs/field-notes.md).
 
     - head layer i <- target layer ``n - num_layers + i`` (attention, MLP, both norms); q_norm and
@@ -258,7 +264,7 @@ def init_from_target(head: DraftHead, target_model: nn.Module) -> None:
     head.hidden_norm.weight.copy_(decoder.layers[c.target_layer_ids[-1] + 1].input_layernorm.weight)
 
 
-def _copy_layer(mine: DecoderLayer, theirs: nn.Module) -> None:
+def _copy_layer(mine: nn.Module, theirs: nn.Module) -> None:
     src, dst = theirs.state_dict(), mine.state_dict()
     extra = set(src) - set(dst)
     if extra:

@@ -15,7 +15,7 @@ logit, so the corrected row is a normalised distribution over the whole draft vo
 (``corrected_logp``) and a zero ``up`` gives back the head's row exactly. Depth 1's parent is the
 anchor, which the head already sees: depths 2..D are corrected. Per round, ``path_table`` scores every
 (depth, parent candidate, child candidate) triple at once, (D-1, C', C') numbers from small matmuls, and
-``tree.path_prefix`` expands nodes by corrected path log-prob from that table (a pure function, so
+``builders.path_prefix`` expands nodes by corrected path log-prob from that table (a pure function, so
 replay and decode build the same trees).
 
 Training (``jetflow.training.correction_train``): teacher forcing on the true previous token, the head and the

@@ -12,9 +12,9 @@ many blocks of one sequence in a single pass.
 
 Dimensions (the package legend): B batch, T context rows, L taps, H hidden, Q block size, D = Q - 1
 depths, A anchors, K draft vocabulary, V vocabulary.
-Checkpoints (the published DFlash/JetSpec layout, its config dialects, loading, ``check_compatible``
-and ``init_from_target``) live in ``jetflow.drafting.checkpoint``; ``DraftHead.save_pretrained`` /
-``from_pretrained`` and the ``HeadConfig`` dict methods delegate there.
+The published checkpoint layout (config dialects, files, download, ``check_compatible``, ``init_from_target``)
+lives in ``jetflow.drafting.checkpoint``, on dicts; ``HeadConfig.from_hf_dict`` and ``DraftHead.from_pretrained``
+build this module's objects from what it reads.
 """
 from __future__ import annotations
 
@@ -25,8 +25,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import checkpoint
 from .blockwise import BlockwiseMask, blockwise_attention, blockwise_mask
-from jetflow.engine.target import tap_layers
+
+
+def tap_layers(num_layers: int, num_taps: int) -> tuple[int, ...]:
+    """The target decoder layers a head of ``num_taps`` taps reads: evenly spaced from 1 to num_layers - 3
+    (the middle one if only one)."""
+    if num_taps < 1:
+        raise ValueError(f"num_taps must be >= 1, got {num_taps}")
+    if num_taps == 1:
+        return (num_layers // 2,)
+    last = num_layers - 3
+    return tuple(round(1 + i * (last - 1) / (num_taps - 1)) for i in range(num_taps))
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,6 @@ class HeadConfig:
 
         Default ``mask_token_id``: the largest id that is not EOS/BOS/PAD (normally ``vocab_size - 1``),
         chosen without a tokenizer; the head learns its embedding's meaning during training."""
-        from .checkpoint import read_rope_theta  # checkpoint.py imports this module
         c = target_config
         heads = c.num_attention_heads
         if mask_token_id is None:
@@ -82,21 +92,23 @@ class HeadConfig:
         return cls(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_layers=num_layers,
                    num_heads=heads, num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
                    head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
-                   rms_norm_eps=c.rms_norm_eps, rope_theta=read_rope_theta(c.to_dict()), vocab_size=c.vocab_size,
+                   rms_norm_eps=c.rms_norm_eps, rope_theta=checkpoint.read_rope_theta(c.to_dict()), vocab_size=c.vocab_size,
                    block_size=block_size, target_layer_ids=tap_layers(c.num_hidden_layers, num_layers),
                    num_target_layers=c.num_hidden_layers, mask_token_id=mask_token_id, causal=causal,
                    draft_vocab_size=draft_vocab_size)
 
     def to_hf_dict(self) -> dict:
         """The published checkpoint config (``jetflow.drafting.checkpoint.to_hf_dict``)."""
-        from .checkpoint import to_hf_dict
-        return to_hf_dict(self)
+        return checkpoint.to_hf_dict(self)
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "HeadConfig":
-        """Read a published config in any dialect (``jetflow.drafting.checkpoint.from_hf_dict``)."""
-        from .checkpoint import from_hf_dict
-        return from_hf_dict(d)
+        """Read a published config in any dialect (``jetflow.drafting.checkpoint.head_fields``); a config that
+        names no tapped layers gets ``tap_layers``' default."""
+        fields = checkpoint.head_fields(d)
+        if not fields["target_layer_ids"]:
+            fields["target_layer_ids"] = tap_layers(fields["num_target_layers"], fields["num_layers"])
+        return cls(**fields)
 
 
 def _as_list(x) -> list:
@@ -310,14 +322,15 @@ class DraftHead(nn.Module):
 
     def save_pretrained(self, directory, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (published layout, ``jetflow.drafting.checkpoint.save``)."""
-        from .checkpoint import save
-        return save(self, directory, dtype)
+        return checkpoint.save(self, directory, dtype)
 
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str, dtype: torch.dtype = torch.float32) -> "DraftHead":
-        """Load a local directory or hub id in any published dialect (``jetflow.drafting.checkpoint.load``)."""
-        from .checkpoint import load
-        return load(path_or_hub_id, dtype)
+        """Load a local directory or hub id in any published dialect (``jetflow.drafting.checkpoint.read``)."""
+        config, weights = checkpoint.read(path_or_hub_id)
+        head = cls(HeadConfig.from_hf_dict(config))
+        checkpoint.load_weights(head, weights, path_or_hub_id)
+        return head.to(dtype).eval()
 
 
 @torch.no_grad()
@@ -334,10 +347,3 @@ def draft_logp(head: DraftHead, state: HeadState, anchor_token: int, embed: nn.E
     full = logp.new_full((logp.shape[0], lm_head.weight.shape[0]), float("-inf"))
     return full.index_copy_(1, vocab.to(full.device), logp)
 
-
-def __getattr__(name: str):
-    """``check_compatible`` and ``init_from_target`` moved to ``jetflow.drafting.checkpoint``; old imports still work."""
-    if name in ("check_compatible", "init_from_target"):
-        from jetflow.drafting import checkpoint
-        return getattr(checkpoint, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

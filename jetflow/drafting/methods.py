@@ -11,7 +11,7 @@ plus, when no existing proposer drafts it, its proposer:
 
 A head method names the kind of head it drafts with (``jetflow``: the causal head, ``dflash``: the
 bidirectional one; ``heads={kind: path}`` overrides the shipped head) and a tree builder of
-``jetflow.engine.tree.BUILDERS``; ``lookup_merged`` merges prompt-lookup branches into that tree
+``jetflow.drafting.builders.BUILDERS``; ``lookup_merged`` merges prompt-lookup branches into that tree
 (``LookupMerged``). A training-free method builds its proposer from the target with ``proposer``.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .cost import load_cost
 from .head import DraftHead
 from .profile import load_profile
 from .proposers import HeadProposer, LookupMerged, LookupProposer, RandomProposer, default_draft_dtype
-from jetflow.engine.tree import BUILDERS
+from .builders import BUILDERS
 from jetflow.util.paths import shipped_head_dir
 
 
@@ -36,7 +36,7 @@ class Method:
     name: str
     description: str                      # one line, shown in --help and the package docstring
     head: str | None = None               # head kind it drafts with (jetflow | dflash); None: no head
-    builder: str | None = None            # tree builder of a head method (jetflow.engine.tree.BUILDERS)
+    builder: str | None = None            # tree builder of a head method (jetflow.drafting.builders.BUILDERS)
     lookup_merged: bool = False           # prompt-lookup branches merged into the head's tree
     budget_free: bool = False             # one row without a budget (no draft tree to size)
     beyond_paper: bool = False            # not in the JetFlow paper: an ablation or an addition

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from jetflow.engine.tree import AcceptanceProfile
+from .builders import AcceptanceProfile
 
 PROFILE_FILE = "acceptance_profile.json"
 # head log-prob bin edges (the first bin is everything below -12): finer where the accepted mass is

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .compiled_draft import CompiledPass
 from .correction import PathCorrection, candidates, path_table
 from .head import HeadState
-from jetflow.engine.tree import BUILDERS, AcceptanceProfile, Tree, accum_logp, merge, tree_builder
+from jetflow.engine.tree import Tree, merge
+from .builders import BUILDERS, AcceptanceProfile, accum_logp, tree_builder
 
 
 @dataclass
@@ -212,6 +214,15 @@ class HeadProposer:
         ids[1:] = self.vocab[ids[1:]]  # draft-vocabulary columns -> token ids (the root is the anchor)
         return dataclasses.replace(tree, tokens=ids)
 
+    def compiled_for(self, target) -> "HeadProposer":
+        """Hook of a compiled ``target`` (``CompiledTarget.draft_proposer``): this proposer's twin whose head
+        draft pass runs compiled."""
+        return CompiledHeadProposer.twin(self, target)
+
+
+class CompiledHeadProposer(CompiledPass, HeadProposer):
+    """A ``HeadProposer`` whose draft pass runs compiled (``jetflow.drafting.compiled_draft.CompiledPass``)."""
+
 
 @dataclass
 class LookupMerged:
@@ -249,4 +260,8 @@ class LookupMerged:
 
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
         return self.merged(tokens, self.inner.propose(state, tokens, new_taps, budget), budget)
+
+    def compiled_for(self, target) -> "LookupMerged":
+        """Hook of a compiled ``target``: this merge around its inner proposer's compiled twin."""
+        return dataclasses.replace(self, inner=target.draft_proposer(self.inner))
 

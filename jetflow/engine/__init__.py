@@ -1,4 +1,4 @@
-"""The lossless core: the frozen target and its one forward seam, the typed ``Tree`` with its masks
+"""The lossless core: the frozen target, its loading and its one forward seam, the typed ``Tree`` with its masks
 and positions, verification (greedy and sample-and-match), the decode loop (prefill, then draft -> verify ->
 accept -> commit; AR through the same loop) and pure statistics of its rounds.
 

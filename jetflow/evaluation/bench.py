@@ -53,7 +53,8 @@ from .rows import bench_markdown as to_markdown  # bench.to_markdown / bench.wri
 from .rows import write_rows as write
 from .journal import Journal, head_fingerprint, journal_settings, text_sha
 from jetflow.drafting.methods import make_proposer
-from jetflow.engine.target import DTYPES, Target
+from jetflow.engine.target import Target
+from jetflow.engine.load import DTYPES
 
 
 

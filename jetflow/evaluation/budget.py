@@ -13,10 +13,9 @@ the head.
     cal = calibrate(target, "lookup", prompts, [16, 32, 64])  # tau and draft seconds per budget
     best, table = pick_budget(cal.tau, cost, draft_s=cal.draft_s)
 
-The same curve in AR steps, plus one draft pass, measured here and saved beside the causal head
-(``measure_cost``, ``python -m jetflow cost --out data/heads/smollm2-135m-jetflow``) as a
-``jetflow.drafting.cost.CostCurve``, is what the per-round stop rule (``tree.calibrated_stop``, the
-``jetflow-stop`` method) weighs each next node against.
+The same curve in AR steps, plus one draft pass, saved beside the causal head (``CostCurve``,
+``python -m jetflow cost --out data/heads/smollm2-135m-jetflow``), is what the per-round stop rule
+(``builders.calibrated_stop``, the ``jetflow-stop`` method) weighs each next node against.
 """
 from __future__ import annotations
 
@@ -34,8 +33,10 @@ from jetflow.util import hardware
 from jetflow.util.flags import option
 from jetflow.drafting.cost import COST_SIZES, CostCurve, interp_cost, save_cost
 from jetflow.drafting.methods import make_proposer
-from jetflow.engine.target import Target, keep_path, load_target
-from jetflow.engine.tree import Tree, accum_logp
+from jetflow.engine.target import Target, keep_path
+from jetflow.engine.load import load_target
+from jetflow.engine.tree import Tree
+from jetflow.drafting.builders import accum_logp
 from jetflow.engine.verify import greedy_accept
 
 

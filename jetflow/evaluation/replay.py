@@ -42,7 +42,8 @@ from jetflow.util.paths import shipped_head_dir
 from jetflow.util.hardware import environment
 from .rows import REPLAY_NOTE, write_rows
 from .rows import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
-from jetflow.engine.tree import BUILDERS, Tree, tree_builder
+from jetflow.engine.tree import Tree
+from jetflow.drafting.builders import BUILDERS, tree_builder
 from jetflow.engine.verify import greedy_accept
 
 

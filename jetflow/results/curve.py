@@ -206,7 +206,7 @@ def run(cfg: CurveConfig, target=None, fp32_target=None, *, progress: bool = Tru
     from jetflow.util import checks
     from jetflow.evaluation.bench import prompt_sets
     from jetflow.evaluation.replay import ar_traces, trace_cache
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     todo = [k for k in sorted(set(cfg.parts)) if ready(cfg.data, k)]
     skipped = sorted(set(cfg.parts) - set(todo))
     if not todo:

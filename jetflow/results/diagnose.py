@@ -24,7 +24,7 @@ from jetflow.data.holdout import check_holdout, head_holdout_ids, heldout_prompt
 from jetflow.data.prompts import load_prompts, load_regenerated, regenerate, training_pool
 from jetflow.drafting.methods import make_proposer
 from jetflow.drafting.profile import STATES, Counts, save_profile
-from jetflow.engine.target import load_target
+from jetflow.engine.load import load_target
 from jetflow.evaluation.replay import Trace, ar_traces, draft_table, trace_cache
 from jetflow.util.hardware import environment
 from jetflow.util.flags import command_line, option

@@ -40,7 +40,8 @@ from jetflow.drafting.proposers import LookupMerged
 from jetflow.drafting.methods import make_proposer
 from .speed_bounds import PROBES, probe_rows, profile_rows
 from .speed_table import to_markdown
-from jetflow.engine.target import Target, embedded_gguf, load_target
+from jetflow.engine.target import Target
+from jetflow.engine.load import embedded_gguf, load_target
 
 @dataclass(frozen=True)
 class SpeedConfig:

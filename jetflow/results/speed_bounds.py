@@ -18,7 +18,8 @@ import torch
 
 from jetflow.evaluation.budget import random_tree, time_verify_step
 from jetflow.engine.compiled import QUERY_SIZES, CompileConfig, compile_target
-from jetflow.engine.target import Target, load_target
+from jetflow.engine.target import Target
+from jetflow.engine.load import load_target
 
 LINEARS = ("aten::mm", "aten::addmm", "aten::linear", "mkl::_mkl_linear", "mkldnn::_linear_pointwise",
            "onednn::qlinear_pointwise", "aten::matmul")

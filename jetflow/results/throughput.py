@@ -89,7 +89,7 @@ def measure(cfg: ThroughputConfig, target=None, *, progress: bool = True) -> lis
     ratio of its slots/s to the online source's (default head step) at the same anchors."""
     from tqdm.auto import tqdm
     from jetflow.util.hardware import environment
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     from jetflow.training.train import train_step
     if cfg.steps < cfg.rounds or cfg.rounds < 1 or not cfg.anchors:
         raise ValueError(f"need steps >= rounds >= 1 and some anchors, got steps={cfg.steps}, rounds={cfg.rounds}")

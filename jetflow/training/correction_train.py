@@ -291,7 +291,7 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     from jetflow.util.paths import cache_dir, portable_path, shell_join
     from jetflow.drafting.methods import make_proposer
     from jetflow.util.paths import shipped_head_dir
-    from jetflow.engine.target import load_target
+    from jetflow.engine.load import load_target
     head_dir = Path(cfg.out) if cfg.out else shipped_head_dir("jetflow")
     files, indexed = indexed_rows(cfg)
     rows = [r for _, r in indexed]
@@ -347,8 +347,8 @@ def correction_cost(cfg: CostConfig) -> list[dict]:
     from jetflow.engine.target import keep_path
     from jetflow.drafting.methods import make_proposer
     from jetflow.util.hardware import environment
-    from jetflow.engine.target import load_target
-    from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix
+    from jetflow.engine.load import load_target
+    from jetflow.drafting.builders import best_prefix, path_prefix, path_tail_prefix
     target = load_target(None, dtype=cfg.dtype)
     proposer = make_proposer("jetflow-pc", target)
     if proposer.correction is None:

