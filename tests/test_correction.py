@@ -14,7 +14,8 @@ from jetflow.drafting.correction import (PathCorrection, CorrectionConfig, candi
 from jetflow.training.correction_train import CorrectionTrainConfig, batch_logp, examples, fit, sequence_features
 from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
-from jetflow.training.train import TrainConfig, build_head
+from jetflow.training.train import build_head
+from jetflow.training.config import TrainConfig
 from jetflow.engine.tree import best_prefix, path_prefix, path_tail_prefix, tree_builder
 
 

@@ -8,7 +8,8 @@ from jetflow.drafting import methods
 from jetflow.results import report
 from jetflow.cli import build_parser
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer, RandomProposer, make_proposer
-from jetflow.training.train import TrainConfig, build_head
+from jetflow.training.train import build_head
+from jetflow.training.config import TrainConfig
 from jetflow.engine.tree import BUILDERS, accum_logp, chain, tree_builder
 
 

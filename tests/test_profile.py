@@ -6,7 +6,8 @@ import torch
 
 from jetflow.drafting import profile as pf
 from jetflow.drafting.proposers import make_proposer
-from jetflow.training.train import TrainConfig, build_head
+from jetflow.training.train import build_head
+from jetflow.training.config import TrainConfig
 
 
 def random_drafts(a, d, k, vocab, seed):

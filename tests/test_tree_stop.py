@@ -10,7 +10,8 @@ from jetflow.evaluation import replay as rp
 from jetflow.evaluation.budget import COST_FILE, CostCurve, load_cost, save_cost
 from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, make_proposer
-from jetflow.training.train import TrainConfig, build_head
+from jetflow.training.train import build_head
+from jetflow.training.config import TrainConfig
 from jetflow.engine.tree import BUILDERS, calibrated_prefix, calibrated_stop, stop_size
 
 # verify cost in AR steps, flat then linear (the shape measured on a CPU)

@@ -162,7 +162,8 @@ def heldout_prompts(n: int, *, after: int = 3030, seed: int = 0, data_dir=None) 
 def holdout_prompts(data: str | Path, n: int, *, seed: int = 0, data_dir=None) -> list[dict]:
     """The prompts of the ``n`` rows that ``train --holdout n`` kept out of a head trained on ``data`` (a
     regenerated file, or a chunked folder: rows of its last part), from the training pool of ``seed``."""
-    from jetflow.data.prompts import data_files, is_last_part, load_regenerated, training_pool
+    from jetflow.data.prompts import training_pool
+    from jetflow.data.regenerate import data_files, is_last_part, load_regenerated
     from jetflow.training.train import holdout_rows
     last = data_files(data)[-1]
     if not is_last_part(last):
@@ -285,7 +286,7 @@ def profile_command(cfg: "ProfileConfig") -> str:
 def profile_for_head(cfg: ProfileConfig, progress: bool = True) -> Path:
     """Answer ``cfg.n`` held-out training prompts greedily (batched, fp32, resumable in the jetflow
     cache), count the causal head's acceptance on them, save the profile beside the head."""
-    from jetflow.data.prompts import load_regenerated, regenerate
+    from jetflow.data.regenerate import load_regenerated, regenerate
     from jetflow.util.paths import cache_dir
     from .proposers import make_proposer
     from jetflow.util.paths import shipped_head_dir
@@ -330,7 +331,8 @@ def heldout_traces(target, n: int, max_new_tokens: int, data_dir=None, progress:
     """Greedy answers (batched, cached like ``profile``'s) of the first ``n`` held-out training prompts, as
     ``replay.Trace`` rows of dataset ``heldout``: the prompts ``head``'s training held out for its profile
     (``train --holdout``, listed in its provenance) when it did, else the 48 drawn after the first 3030."""
-    from jetflow.data.prompts import load_regenerated, regenerate, training_pool
+    from jetflow.data.prompts import training_pool
+    from jetflow.data.regenerate import load_regenerated, regenerate
     from jetflow.util.paths import cache_dir
     from jetflow.evaluation.replay import Trace
     kept = head_holdout_ids(head) if head is not None else set()

@@ -2,7 +2,7 @@
 
 ``environment(target)`` is the dtype, device, library versions and hardware line every bench and replay
 row carries. ``write_provenance`` writes a trained head's ``provenance.json`` and ``PROVENANCE.md``: the
-command that rebuilds it (``train.command_for``, generated from the config's flag metadata), the
+command that rebuilds it (``config.command_for``, generated from the config's flag metadata), the
 commands of the heads it was warm-started from, its data file (sha256, mix, the regenerate command),
 token counts, wall time, versions and its final evaluation.
 """
@@ -13,15 +13,14 @@ import sys
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch
 import transformers
 
+from jetflow.data.regenerate import data_files
 from jetflow.util import hardware
-
-if TYPE_CHECKING:
-    from .train import Progress, TrainingRun
+from jetflow.util.paths import portable_path
+from .config import command_for, lineage, portable_config
+from .run import Progress, TrainingRun
 
 TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
             "of the argmax at every depth (a budget of D = Q-1 draft nodes, root excluded)")
@@ -35,9 +34,6 @@ def environment(target) -> dict:
 
 def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[dict]) -> dict:
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
-    from jetflow.util.paths import portable_path
-    from jetflow.data.prompts import data_files
-    from .train import command_for, lineage, portable_config  # train.py calls this at the end
     cfg, path = run.cfg, Path(run.cfg.data)
     files = data_files(path, cfg.parts)
     data = {"file": path.name, "path": portable_path(path), **({"parts": [f.name for f in files]} if path.is_dir() else {}),
