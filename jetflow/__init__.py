@@ -49,7 +49,8 @@ Entry points
   (CPU model, native bf16, ``fast_dtype()``); ``jetflow.util.jsonl`` (resumable JSON-lines files: one
   torn-last-line rule, one writer lock: the bench journal, replay's AR cache, regeneration output and
   training history all use it, and refuse to resume under settings that would mix data).
-- ``jetflow.data.prompts`` (prompts, regeneration), ``jetflow.training.train`` (training; ``taps="online"|"cached"``),
+- ``jetflow.data.prompts`` (prompts), ``jetflow.data.regenerate`` (the target's own answers),
+  ``jetflow.training.train`` (training; ``taps="online"|"cached"``; config, step and run state beside it),
   ``jetflow.training.taps`` (the taps cache: ``build`` -> memory-mapped (T, L, H) bf16 shards; ``CachedTaps`` /
   ``OnlineTaps``: ``(row, ids (S,), logits) -> (teacher logits (S, V) | None, taps (S, L, H))``),
   ``jetflow.data.packed`` (regenerated ids packed to publish, and back), ``jetflow.results.throughput`` (training

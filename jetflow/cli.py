@@ -9,20 +9,21 @@ handler); ``cli_help`` renders their ``--help`` pages for docs/cli.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+from jetflow.data.regenerate import RegenerateConfig, regenerate_files
 from jetflow.evaluation import bench, budget, replay
 from jetflow.results import curve, diagnose, manifest, report, speed, throughput
 from jetflow.training import correction_train
-from jetflow.training.train import PRESETS as TRAIN_PRESETS
-from jetflow.training.train import TrainConfig
-from jetflow.util.flags import add_flags, command_line, given, option
+from jetflow.training.config import PRESETS as TRAIN_PRESETS
+from jetflow.training.config import TrainConfig
+from jetflow.training.taps import TapsConfig, cache_taps
+from jetflow.util.flags import add_flags, given
 
 from . import demo, gpu_check
 from .commands import (add_compile_flag, add_head_flags, add_output_flags, add_quiet_flag, cmd_bench, cmd_correction_cost,
@@ -55,122 +56,13 @@ def _quiet() -> None:
 
 
 # ----------------------------------------------------------------------------- data and training
-@dataclass(frozen=True)
-class RegenerateConfig:
-    """``python -m jetflow regenerate``: the target answers training prompts (resumable)."""
-    n: int = option(3000, "training prompts to answer (0: the whole pool, every source in full)")
-    chunks: int = option(1, "answer the prompts as this many files, one after another (each a random part; "
-                            "the first k of them are the first k/chunks of the data); processes started side "
-                            "by side share them, each skipping a part another one is writing")
-    out: str | None = option(None, "the JSONL to append to (default: the jetflow cache's regen-N.jsonl)")
-    batch_size: int = option(16, "prompts per left-padded batch")
-    max_new_tokens: int = option(192, "new tokens per answer")
-    max_prompt_tokens: int = option(512, "longer prompts are skipped")
-    seed: int = option(0, "seed of the prompt draw")
-    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
-    dtype: str = option("bfloat16", "the target's dtype")
-    data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
-
-
-def default_regen_out(cfg: RegenerateConfig) -> Path:
-    """The default output names the model, dtype and n: answers of another target never share a file."""
-    from jetflow.util.paths import cache_dir
-    from jetflow.engine.load import EMBEDDED
-    model = (cfg.model or EMBEDDED).rstrip("/").replace("/", "--")
-    size = cfg.n or "all"
-    if cfg.chunks > 1:
-        return cache_dir() / f"regen-{model}-{cfg.dtype}-{size}-{cfg.max_new_tokens}"
-    return cache_dir() / f"regen-{model}-{cfg.dtype}-{size}.jsonl"
-
-
-def chunk_files(out: Path, chunks: int) -> list[Path]:
-    """The files of a regeneration split into ``chunks`` parts (``out`` is then a folder)."""
-    return [out] if chunks == 1 else [out / f"part-{i:02d}-of-{chunks:02d}.jsonl" for i in range(chunks)]
-
-
-def regenerate_command(cfg: RegenerateConfig, out: Path) -> str:
-    """The ``python -m jetflow regenerate`` line that (re)makes ``out`` with these settings."""
-    return command_line(replace(cfg, out=out.name), RegenerateConfig(), ["python", "-m", "jetflow", "regenerate"],
-                        skip=("data_dir",), always=("n", "chunks", "out", "batch_size", "max_new_tokens", "max_prompt_tokens", "seed"))
-
-
 def cmd_regenerate(args) -> int:
-    from jetflow.util import checks, jsonl
-    from jetflow.data.prompts import chunk, regenerate, training_pool, training_prompts
-    from jetflow.engine.load import load_target
-    cfg = RegenerateConfig(**given(args, RegenerateConfig))
-    checks.positive(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
-                    max_prompt_tokens=cfg.max_prompt_tokens, chunks=cfg.chunks)
-    if cfg.n < 0:
-        raise SystemExit(f"--n must be >= 0 (0: the whole pool), got {cfg.n}")
-    out = Path(cfg.out) if cfg.out else default_regen_out(cfg)
-    files = chunk_files(out, cfg.chunks)
-    if cfg.chunks > 1:
-        checks.writable_dir(out, "--out")
-    checks.writable_file(files[0], "--out")
-    checks.data_source(cfg.data_dir)
-    draw = (lambda: training_pool(seed=cfg.seed, data_dir=cfg.data_dir)) if cfg.n == 0 else \
-        (lambda: training_prompts(cfg.n, seed=cfg.seed, data_dir=cfg.data_dir))
-    prompts = checks.prompt_source(draw)
-    target = load_target(cfg.model, dtype=cfg.dtype)
-    busy = []
-    for index, path in enumerate(files):
-        part = {"chunk": index, "chunks": cfg.chunks} if cfg.chunks > 1 else {}
-        try:
-            regenerate(target, chunk(prompts, index, cfg.chunks), path, batch_size=cfg.batch_size,
-                       max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
-                       settings={"seed": cfg.seed, "n": cfg.n} | part)
-        except jsonl.Busy:
-            if cfg.chunks == 1:
-                raise
-            busy.append(path.name)  # several processes share the parts: each takes the next free one
-            print(f"{path.name} is being written by another process: on to the next part", flush=True)
-            continue
-        meta = path.with_name(path.name + ".meta.json")  # read by training provenance
-        meta.write_text(json.dumps({"command": regenerate_command(cfg, out)}) + "\n")
-        print(path, flush=True)
-    if busy:
-        print(f"left to the other process(es): {', '.join(busy)}; rerun this command once they are done to check "
-              "every part is complete", flush=True)
+    regenerate_files(RegenerateConfig(**given(args, RegenerateConfig)))
     return 0
 
 
-@dataclass(frozen=True)
-class TapsConfig:
-    """``python -m jetflow taps``: cache the target's taps of regenerated data (resumable per shard)."""
-    data: str = option("", "regenerated JSONL or a chunked folder (python -m jetflow regenerate)", required=True)
-    parts: int = option(0, "with a chunked folder: its first K parts only (0: all)")
-    out: str | None = option(None, "cache folder (default: the jetflow cache's taps/DATA-MODEL-LAYERS, where "
-                             "train --taps cached looks)")
-    num_layers: int = option(2, "the head's draft layers: one tap each, the layers train picks for it")
-    max_len: int = option(768, "truncate prompt + response to this many tokens (train's max_len must not "
-                          "exceed it)")
-    shard_rows: int = option(128, "sequences per shard (the unit a killed build resumes from)")
-    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
-    dtype: str = option("bfloat16", "the target's dtype (train's --set dtype must match)")
-    share: bool = option(False, "several processes of the same command split the files: one that another process "
-                         "is caching is passed over, then waited for at the end (one thread each: "
-                         "OMP_NUM_THREADS=1)", negate=("--alone", "fail on a file another process is caching "
-                                                       "(the default)"))
-
-
 def cmd_taps(args) -> int:
-    from jetflow.util import checks
-    from jetflow.data.prompts import data_files
-    from jetflow.drafting.head import HeadConfig
-    from jetflow.engine.load import load_target
-    from jetflow.training.taps import build_all, cache_for, default_dir
-    cfg = TapsConfig(**given(args, TapsConfig))
-    checks.positive(num_layers=cfg.num_layers, shard_rows=cfg.shard_rows)
-    if cfg.max_len < 3:
-        raise ValueError(f"--max-len must be >= 3, got {cfg.max_len}")
-    files = data_files(cfg.data, cfg.parts)
-    target = load_target(cfg.model, dtype=cfg.dtype)
-    layers = HeadConfig.for_target(target.config, num_layers=cfg.num_layers).target_layer_ids
-    root = checks.writable_dir(Path(cfg.out) if cfg.out else default_dir(cfg.data, target.name, layers), "--out")
-    build_all(target, files, [cache_for(root, f, Path(cfg.data).is_dir()) for f in files], layers=layers,
-              max_len=cfg.max_len, shard_rows=cfg.shard_rows, share=cfg.share)
-    print(root, flush=True)
+    print(cache_taps(TapsConfig(**given(args, TapsConfig))), flush=True)
     return 0
 
 

@@ -90,12 +90,13 @@ def run(job: str, out: Path) -> None:
         from jetflow.evaluation.replay import ar_traces
         ar_traces(t, PROMPTS, 16, dataset="a", cache=out / "ar.jsonl", progress=False)
     elif job == "regenerate":
-        from jetflow.data.prompts import regenerate
+        from jetflow.data.regenerate import regenerate
         regenerate(t, PROMPTS, out / "regen.jsonl", batch_size=2, max_new_tokens=10, progress=False,
                    settings={"seed": 0})
     elif job == "train":
         import json
-        from jetflow.training.train import TrainConfig, train
+        from jetflow.training.train import train
+        from jetflow.training.config import TrainConfig
         data = out.parent / "train-data.jsonl"
         g = torch.Generator().manual_seed(0)
         if not data.exists():

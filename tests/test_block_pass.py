@@ -5,7 +5,9 @@ import torch
 
 from jetflow.evaluation import replay as rp
 from jetflow.drafting.proposers import HeadDraftState, HeadProposer
-from jetflow.training.train import BlockForward, TrainConfig, block_logits, build_head
+from jetflow.training.train import build_head
+from jetflow.training.step import BlockForward, block_logits
+from jetflow.training.config import TrainConfig
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -134,7 +134,8 @@ def test_an_old_cache_handle_is_refused():
 def head_proposers(compiled):
     """Eager head proposers over one random 1-layer head (one tap): the compiled target compiles
     their draft pass, one graph per context bucket for the one head."""
-    from jetflow.training.train import TrainConfig, build_head
+    from jetflow.training.train import build_head
+    from jetflow.training.config import TrainConfig
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
     head = build_head(TrainConfig(block_size=6, num_layers=1, init="random"), compiled, rows).eval()
     jetflow = HeadProposer(head, compiled, "accum_logp", width=3)

@@ -15,7 +15,8 @@ from jetflow.training.correction_train import CorrectionTrainConfig, batch_logp,
 from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged
 from jetflow.drafting.methods import make_proposer
-from jetflow.training.train import TrainConfig, build_head
+from jetflow.training.train import build_head
+from jetflow.training.config import TrainConfig
 from jetflow.drafting.builders import best_prefix, path_prefix, path_tail_prefix, tree_builder
 
 

@@ -1,4 +1,4 @@
-"""Tests for jetflow/data/prompts.py: small hand-written JSONL in the offline layout, a tiny random Llama."""
+"""Tests for jetflow/data/prompts.py and jetflow/data/regenerate.py: small hand-written JSONL in the offline layout, a tiny random Llama."""
 import json
 import logging
 import os
@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from jetflow.data import prompts as data
-from jetflow.data.prompts import DATASETS, MATH_SUFFIX, left_pad, load_prompts, load_prompts_file, load_regenerated, regenerate, training_prompts, trim_response
+from jetflow.data import regenerate as regeneration
+from jetflow.data.prompts import DATASETS, MATH_SUFFIX, load_prompts, load_prompts_file, training_prompts
+from jetflow.data.regenerate import left_pad, load_regenerated, regenerate, trim_response
 from jetflow.util import paths
 from jetflow.util.paths import cache_dir, data_dir
 
@@ -344,7 +346,7 @@ def test_regenerate_resumes_after_interruption(tiny_target, tmp_path, monkeypatc
     kwargs = dict(batch_size=2, max_new_tokens=4, progress=False)
     full = read_lines(regenerate(tiny_target, PROMPTS, tmp_path / "full.jsonl", **kwargs))
 
-    real, calls = data.generate_batch, []
+    real, calls = regeneration.generate_batch, []
 
     def crash_after_first_batch(*args, **kw):
         calls.append(1)
@@ -353,12 +355,12 @@ def test_regenerate_resumes_after_interruption(tiny_target, tmp_path, monkeypatc
         return real(*args, **kw)
 
     path = tmp_path / "resumed.jsonl"
-    monkeypatch.setattr(data, "generate_batch", crash_after_first_batch)
+    monkeypatch.setattr(regeneration, "generate_batch", crash_after_first_batch)
     with pytest.raises(KeyboardInterrupt):
         regenerate(tiny_target, PROMPTS, path, **kwargs)
     assert read_lines(path) == full[:3]  # the settings header and the first batch were flushed
 
-    monkeypatch.setattr(data, "generate_batch", real)
+    monkeypatch.setattr(regeneration, "generate_batch", real)
     regenerate(tiny_target, PROMPTS, path, **kwargs)
     assert read_lines(path) == full  # each id once, rows identical to an uninterrupted run
 
@@ -374,7 +376,7 @@ def test_regenerate_repairs_partial_last_line(tiny_target, tmp_path, monkeypatch
         regenerate(tiny_target, PROMPTS, path, **kwargs)
     assert "cut short by an interruption" in caplog.text
     assert read_lines(path) == full
-    monkeypatch.setattr(data, "generate_batch", lambda *a, **k: pytest.fail("nothing left to generate"))
+    monkeypatch.setattr(regeneration, "generate_batch", lambda *a, **k: pytest.fail("nothing left to generate"))
     regenerate(tiny_target, PROMPTS, path, **(kwargs | {"batch_size": 4}))  # batch size: recorded, not compared
     assert read_lines(path) == full
     with pytest.raises(ValueError, match=r"other settings \(max_new_tokens: 3 -> 192\)"):
@@ -384,7 +386,7 @@ def test_regenerate_repairs_partial_last_line(tiny_target, tmp_path, monkeypatch
 
 def test_regenerate_skips_long_prompts(tiny_target, tmp_path, caplog):
     limit = len(tiny_target.encode(PROMPTS[2]["prompt"]))
-    with caplog.at_level(logging.WARNING, logger="jetflow.data.prompts"):
+    with caplog.at_level(logging.WARNING, logger="jetflow.data.regenerate"):
         out = regenerate(tiny_target, PROMPTS, tmp_path / "r.jsonl", max_new_tokens=2, max_prompt_tokens=limit,
                          progress=False)
     assert sorted(r["id"] for r in load_regenerated(out)) == ["p0", "p1", "p2"]

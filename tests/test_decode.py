@@ -116,7 +116,8 @@ def test_empty_prompt_rejected(tiny_target):
 def test_head_proposer_is_lossless_in_any_draft_dtype_and_vocabulary(tiny_target, draft_vocab, dtype, builder):
     from fakes import random_profile
     from jetflow.drafting.proposers import HeadProposer
-    from jetflow.training.train import TrainConfig, build_head
+    from jetflow.training.train import build_head
+    from jetflow.training.config import TrainConfig
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
     head = build_head(TrainConfig(block_size=6, draft_vocab=draft_vocab), tiny_target, rows).to(dtype).eval()
     proposer = HeadProposer(head, tiny_target, builder, width=3, profile=random_profile(5, 8))
@@ -130,7 +131,8 @@ def test_head_proposer_is_lossless_in_any_draft_dtype_and_vocabulary(tiny_target
 
 def test_lookup_merged_head_is_lossless_and_drafts_the_lookup_branch(tiny_target):
     from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer
-    from jetflow.training.train import TrainConfig, build_head
+    from jetflow.training.train import build_head
+    from jetflow.training.config import TrainConfig
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
     head = build_head(TrainConfig(block_size=6), tiny_target, rows).eval()
     inner = HeadProposer(head, tiny_target, "accum_logp", width=3)
@@ -200,7 +202,8 @@ def test_sampling_with_a_head_and_lookup_tree_matches_the_target_distribution(sm
     """Sample-and-match over a draft head's trees with prompt-lookup branches merged in (repeated
     sibling tokens included) keeps the target's own distribution."""
     from jetflow.drafting.proposers import HeadProposer, LookupMerged
-    from jetflow.training.train import TrainConfig, build_head
+    from jetflow.training.train import build_head
+    from jetflow.training.config import TrainConfig
     target, ids, n_samples, temperature = small_vocab_target, [1, 2, 3, 1, 2], 800, 1.0
     head = build_head(TrainConfig(block_size=4, num_layers=1), target).eval()
     proposer = LookupMerged(HeadProposer(head, target, "accum_logp", width=3), share=0.5)

@@ -37,10 +37,11 @@ from accelerate.utils.launch import prepare_multi_gpu_env
 from safetensors.torch import load_file
 
 from fakes import tiny_model
-from jetflow.training import train as train_mod  # check_launch, _is_main and their variables
+from jetflow.training import train as train_mod  # check_launch, is_main_process and their variables
 from jetflow.engine.load import load_target
 from jetflow.training.taps import build
-from jetflow.training.train import TrainConfig, build_head, train
+from jetflow.training.train import build_head, train
+from jetflow.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "accelerate"
@@ -223,7 +224,7 @@ def test_the_main_process_is_read_from_the_launcher(env, main, monkeypatch):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert train_mod._is_main() is main
+    assert train_mod.is_main_process() is main
 
 
 @pytest.mark.parametrize("world, joined, kind, match", [

@@ -14,7 +14,8 @@ PROMPT = "the cat sat on the mat, the cat sat on the"
 
 @pytest.fixture
 def proposers(tiny_target):
-    from jetflow.training.train import TrainConfig, build_head
+    from jetflow.training.train import build_head
+    from jetflow.training.config import TrainConfig
     rows = [{"prompt_ids": [], "response_ids": list(range(400, 1000))}]
     head = build_head(TrainConfig(block_size=6), tiny_target, rows).eval()
     jet = HeadProposer(head, tiny_target, "accum_logp", width=3)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jetflow.cli import RegenerateConfig, regenerate_command
+from jetflow.data.regenerate import RegenerateConfig, regenerate_command
 from jetflow.util.flags import add_flags, command_line, given, option, parse_set
 
 

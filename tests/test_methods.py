@@ -9,7 +9,8 @@ from jetflow.results import tables
 from jetflow.cli import build_parser
 from jetflow.drafting.proposers import HeadProposer, LookupMerged, LookupProposer, RandomProposer
 from jetflow.drafting.methods import make_proposer
-from jetflow.training.train import TrainConfig, build_head
+from jetflow.training.train import build_head
+from jetflow.training.config import TrainConfig
 from jetflow.drafting.builders import BUILDERS, accum_logp, chain, tree_builder
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from jetflow.data import packed
 from jetflow.cli import main
-from jetflow.data.prompts import load_regenerated
+from jetflow.data.regenerate import load_regenerated
 
 
 def rows(k, n=6, vocab=49152):

@@ -9,7 +9,8 @@ from jetflow.data import holdout
 from jetflow.drafting import profile as pf
 from jetflow.results import diagnose as dg
 from jetflow.drafting.methods import make_proposer
-from jetflow.training.train import TrainConfig, build_head
+from jetflow.training.train import build_head
+from jetflow.training.config import TrainConfig
 
 
 def random_drafts(a, d, k, vocab, seed):

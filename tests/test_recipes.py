@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from jetflow.data import prompts as data
+from jetflow.data.regenerate import load_regenerated
 from jetflow.training import recipes
 from jetflow.views import viz_train
 from jetflow.util.paths import shipped_head_dir
-from jetflow.training.train import command_for, train
+from jetflow.training.train import train
+from jetflow.training.config import command_for
 
 SHIPPED = {kind: json.loads((shipped_head_dir(kind) / "provenance.json").read_text()) for kind in ("jetflow", "dflash")}
 
@@ -77,7 +78,7 @@ def test_smoke_recipe_needs_a_folder():
 def test_smoke_recipe_runs_resumes_and_records_portable_provenance(tiny_target, cache):
     recipe, root = recipes.RECIPES["smoke"], cache / "smoke"
     regen = recipes.regenerate(recipe, root, tiny_target, progress=False)
-    assert len(data.load_regenerated(regen)) == 3
+    assert len(load_regenerated(regen)) == 3
     meta = json.loads(regen.with_name(regen.name + ".meta.json").read_text())
     assert meta["command"].startswith("python -m jetflow regenerate --n 3 --out $JETFLOW_CACHE/smoke/regen-3.jsonl")
     cfg = recipes.stage_config(recipe, root, 0)

@@ -1,4 +1,4 @@
-"""Tests for ``regenerate --n 0 --chunks K`` (jetflow/cli.py, jetflow/data/prompts.py) on a tiny random target and
+"""Tests for ``regenerate --n 0 --chunks K`` (jetflow/data/regenerate.py, jetflow/data/prompts.py) on a tiny random target and
 the bundled fixtures: the pool is every training source, the parts partition it and nest, each header
 names its part, each part resumes on its own, and the ``.meta.json`` holds the command that remakes it."""
 import json
@@ -7,11 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-import jetflow.data.prompts as data_mod
+import jetflow.data.regenerate as regeneration
 import jetflow.engine.load
 from jetflow.util import jsonl
-from jetflow.cli import RegenerateConfig, build_parser, chunk_files, main, regenerate_command
-from jetflow.data.prompts import TRAINING_SOURCES, _training_pool, chunk, load_regenerated, training_pool
+from jetflow.cli import build_parser, main
+from jetflow.data.prompts import TRAINING_SOURCES, _training_pool, training_pool
+from jetflow.data.regenerate import RegenerateConfig, chunk, chunk_files, load_regenerated, regenerate_command
 from jetflow.util.paths import data_dir
 from jetflow.util.flags import given
 from jetflow.engine.target import Target
@@ -81,8 +82,8 @@ def test_each_part_resumes_on_its_own(tiny, tmp_path, monkeypatch):
     files[1].write_text("".join(lines[:-3]) + lines[-3][:7])  # killed mid-write: 2 rows lost, 1 torn
     files[2].unlink()                                          # never started
     answered = []
-    real = data_mod.generate_batch
-    monkeypatch.setattr(data_mod, "generate_batch", lambda t, seqs, m: answered.extend(seqs) or real(t, seqs, m))
+    real = regeneration.generate_batch
+    monkeypatch.setattr(regeneration, "generate_batch", lambda t, seqs, m: answered.extend(seqs) or real(t, seqs, m))
     assert regen(out) == 0
     assert len(answered) == 3 + len(chunk(training_pool(data_dir="fixtures"), 2, 3))
     assert files[0].read_bytes() == whole[0]                   # a finished part is left alone
@@ -99,7 +100,7 @@ def test_a_part_refuses_other_settings(tiny, tmp_path):
 
 
 def test_the_command_names_the_chunks():
-    cmd = regenerate_command(replace(RegenerateConfig(), n=0, chunks=8, max_new_tokens=256), data_mod.Path("/x/all"))
+    cmd = regenerate_command(replace(RegenerateConfig(), n=0, chunks=8, max_new_tokens=256), regeneration.Path("/x/all"))
     assert cmd.startswith("python -m jetflow regenerate --n 0 --chunks 8 --out all ")
 
 

@@ -18,12 +18,13 @@ from fakes import CharTokenizer, tiny_model
 from jetflow.evaluation import bench
 from jetflow.util import checks, jsonl
 from jetflow.cli import main
-from jetflow.data.prompts import load_regenerated, regenerate
+from jetflow.data.regenerate import load_regenerated, regenerate
 from jetflow.engine.decode import generate
 from jetflow.drafting.head import DraftHead, HeadConfig
 from jetflow.engine.target import Target, check_supported
 from jetflow.util.flags import parse_set
-from jetflow.training.train import TrainConfig, _swap_in, check_out
+from jetflow.training.run import swap_in, check_out
+from jetflow.training.config import TrainConfig
 from jetflow.engine.tree import Tree
 from jetflow.engine.verify import sample_accept
 
@@ -211,7 +212,7 @@ def test_regeneration_refuses_other_settings_and_headerless_files(tmp_path):
 
 
 def test_the_default_regeneration_file_names_the_model():
-    from jetflow.cli import RegenerateConfig, default_regen_out
+    from jetflow.data.regenerate import RegenerateConfig, default_regen_out
     a = default_regen_out(RegenerateConfig(model=None, dtype="bfloat16", n=30))
     b = default_regen_out(RegenerateConfig(model="Qwen/Qwen3-8B", dtype="bfloat16", n=30))
     assert a.name == "regen-smollm2-135m-bfloat16-30.jsonl" and b.name == "regen-Qwen--Qwen3-8B-bfloat16-30.jsonl"
@@ -231,7 +232,7 @@ def test_the_checkpoint_swap_survives_what_a_kill_leaves(left, tmp_path):
     if left != "nothing":
         _ckpt(old, 0)
     _ckpt(new, 2)
-    _swap_in(new, ckpt, old)
+    swap_in(new, ckpt, old)
     assert json.loads((ckpt / "train_state.json").read_text())["step"] == 2
     assert not old.exists() and not new.exists()
 

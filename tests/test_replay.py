@@ -6,7 +6,8 @@ from fakes import random_profile
 from jetflow.evaluation import replay as rp
 from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged
-from jetflow.training.train import TrainConfig, build_head
+from jetflow.training.train import build_head
+from jetflow.training.config import TrainConfig
 
 EOS = {2}
 D, K = 4, 3

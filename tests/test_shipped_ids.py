@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from jetflow.data import prompts as data, packed
+from jetflow.data import packed
+from jetflow.data.regenerate import load_regenerated
 from jetflow.util import paths
 
 SHIPPED = paths.REPO / "data" / "regen" / "smollm2-135m-bfloat16-all-256"
@@ -21,7 +22,7 @@ def test_shipped_ids_unpack_to_their_originals(tmp_path):
     files = packed.unpack(SHIPPED, tmp_path)  # raises unless every file's sha256 is the original's
     assert [f.name for f in files] == [e["file"] for e in prov["files"]]
     for f, entry in zip(files, prov["files"]):
-        rows = data.load_regenerated(f)
+        rows = load_regenerated(f)
         assert len(rows) == entry["rows"] and sum(entry["sources"].values()) == entry["rows"]
         assert sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows) == entry["tokens"]
         assert all(0 <= t < VOCAB for r in rows for t in r["prompt_ids"] + r["response_ids"])

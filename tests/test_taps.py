@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from jetflow.cli import main
-from jetflow.data.prompts import data_files
+from jetflow.data.regenerate import data_files
 from jetflow.drafting.head import DraftHead
 from jetflow.engine.target import Target
 from jetflow.training.taps import CachedTaps, OnlineTaps, build, build_all, cache_for, sequence_ids
-from jetflow.training.train import BlockForward, TrainConfig, build_head, sequence_loss, train
+from jetflow.training.train import build_head, train
+from jetflow.training.step import BlockForward, sequence_loss
+from jetflow.training.config import TrainConfig
 from fakes import ByteTokenizer, tiny_model
 
 V = 211

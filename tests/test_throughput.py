@@ -8,7 +8,8 @@ import torch
 from jetflow.cli import main
 from jetflow.engine.target import Target
 from jetflow.results.throughput import SOURCES, ThroughputConfig, measure, to_markdown
-from jetflow.training.train import TrainConfig, head_compute
+from jetflow.training.step import head_compute
+from jetflow.training.config import TrainConfig
 from fakes import CharTokenizer, tiny_model
 
 

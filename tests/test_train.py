@@ -1,5 +1,5 @@
-"""Tests for jetflow/training/train.py on a tiny random Llama target: loss pieces against loop references,
-a fixed batch that trains, exact resume, evaluation arithmetic, provenance and the CLI."""
+"""Tests for jetflow/training/ (config, step, run, train) on a tiny random Llama target: loss pieces against
+loop references, a fixed batch that trains, exact resume, evaluation arithmetic, provenance and the CLI."""
 import dataclasses
 import json
 import math
@@ -18,8 +18,9 @@ from jetflow.engine.metrics import simulated_tau
 from jetflow.training import objective
 from jetflow.training.objective import (curriculum_weights, depth_accuracy, depth_weights, masked_mean, slot_losses, slot_targets,
                                weighted_ce)
-from jetflow.training.train import (BlockForward, TrainConfig, anchors_at, build_head, command_for, draft_vocabulary, evaluate,
-                           head_compute, lr_factor, sample_anchors, sequence_loss, train)
+from jetflow.training.train import build_head, draft_vocabulary, train
+from jetflow.training.step import BlockForward, anchors_at, evaluate, head_compute, lr_factor, sample_anchors, sequence_loss
+from jetflow.training.config import TrainConfig, command_for
 from fakes import ByteTokenizer, tiny_model
 
 V = 211
@@ -189,7 +190,7 @@ def test_bf16_blockwise_step_gives_the_fp32_packed_loss_within_tolerance(target,
 
 
 def test_auto_precision_and_attention_follow_the_device(monkeypatch):
-    import jetflow.training.train as tr
+    import jetflow.training.step as tr
     auto = TrainConfig()
     monkeypatch.setattr(tr, "fast_dtype", lambda device: ("bfloat16", "native"))
     assert head_compute(auto, "cpu") == (torch.bfloat16, True)

@@ -11,7 +11,8 @@ from jetflow.drafting.cost import COST_FILE, CostCurve, load_cost, save_cost
 from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged
 from jetflow.drafting.methods import make_proposer
-from jetflow.training.train import TrainConfig, build_head
+from jetflow.training.train import build_head
+from jetflow.training.config import TrainConfig
 from jetflow.drafting.builders import BUILDERS, calibrated_prefix, calibrated_stop, stop_size
 
 # verify cost in AR steps, flat then linear (the shape measured on a CPU)

@@ -17,7 +17,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from .prompts import data_files, is_last_part, load_regenerated, training_pool, training_prompts
+from .prompts import training_pool, training_prompts
+from .regenerate import data_files, is_last_part, load_regenerated
 from jetflow.util.paths import cache_dir
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from jetflow.util import jsonl
+from .regenerate import data_files, split_settings_header
 
 MAX_BYTES = 25 * 1024 * 1024
 MODEL_NOTE = ("The answers were written by the target model (SmolLM2-135M-Instruct by Hugging Face, Apache-2.0, "
@@ -69,13 +70,11 @@ def pack_file(path: Path, out: Path) -> dict:
 
 
 def _header_and_rows(path: Path) -> tuple[dict | None, list[dict]]:
-    from .prompts import _split_header
-    return _split_header(path, jsonl.read(path, repair=False))
+    return split_settings_header(path, jsonl.read(path, repair=False))
 
 
 def pack(data: str | Path, out: str | Path, parts: int = 0) -> Path:
     """Pack a regenerated file or the first ``parts`` files of a chunked folder into ``out``."""
-    from .prompts import data_files
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files = data_files(data, parts)

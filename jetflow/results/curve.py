@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from jetflow.data.prompts import data_files, part_of
+from jetflow.data.regenerate import data_files, part_of
 from jetflow.evaluation.rows import at_budget, write_rows
 from jetflow.util.paths import cache_dir, portable_path
 from jetflow.util.flags import comma_list, option
@@ -102,7 +102,8 @@ def ready(data: str | Path, k: int) -> bool:
 def train_config(cfg: CurveConfig, k: int, head: str, taps_dir: Path):
     """The point's TrainConfig: the one recipe, its data (the first k parts) and its step count; the point
     that reaches the last part holds ``cfg.holdout`` of its rows out (the other points never see that part)."""
-    from jetflow.training.train import TrainConfig, split_data
+    from jetflow.training.train import split_data
+    from jetflow.training.config import TrainConfig
     last = k >= part_of(data_files(cfg.data)[0])[1]  # k reaches part N-1 of N
     base = TrainConfig.from_name("cpu", data=cfg.data, parts=k, taps="cached", taps_dir=str(taps_dir), loss="ce",
                                  holdout=cfg.holdout if last else 0,
@@ -171,7 +172,7 @@ def point(cfg: CurveConfig, k: int, head: str, target, fp32_target, traces, *, p
 def saved_rows(cfg: CurveConfig, tcfg) -> list[dict] | None:
     """The point's saved replay rows (``replay.json``) if they answer this config: the same training
     command and every asked (dataset, budget); else None (the point is still to train or to replay)."""
-    from jetflow.training.train import command_for
+    from jetflow.training.config import command_for
     saved = Path(tcfg.out) / "replay.json"
     if not saved.is_file():
         return None
@@ -192,8 +193,8 @@ def _same_settings(row: dict, cfg: CurveConfig, command: str) -> bool:
 
 def _is_main() -> bool:
     """Whether this process writes the rows: the only one, or the main one of an ``accelerate launch``."""
-    from jetflow.training.train import _is_main as main
-    return main()
+    from jetflow.training.train import is_main_process
+    return is_main_process()
 
 
 def _layers(target) -> tuple[int, ...]:

@@ -21,7 +21,8 @@ import torch
 from tqdm.auto import tqdm
 
 from jetflow.data.holdout import check_holdout, head_holdout_ids, heldout_prompts, holdout_answers, holdout_prompts
-from jetflow.data.prompts import load_prompts, load_regenerated, regenerate, training_pool
+from jetflow.data.prompts import load_prompts, training_pool
+from jetflow.data.regenerate import load_regenerated, regenerate
 from jetflow.drafting.methods import make_proposer
 from jetflow.drafting.profile import STATES, Counts, save_profile
 from jetflow.engine.load import load_target

@@ -52,7 +52,8 @@ def _work(cfg: ThroughputConfig, target) -> Path:
 
 def prepare(cfg: ThroughputConfig, target) -> tuple[Path, Path, str]:
     """Regenerate the prompts and cache their taps (both resume). -> (data file, taps folder, prompt source)."""
-    from jetflow.data.prompts import regenerate, training_prompts
+    from jetflow.data.prompts import training_prompts
+    from jetflow.data.regenerate import regenerate
     from jetflow.util.paths import data_dir, source_name
     from jetflow.drafting.head import HeadConfig
     from jetflow.training.taps import build
@@ -69,7 +70,8 @@ def prepare(cfg: ThroughputConfig, target) -> tuple[Path, Path, str]:
 def _run(cfg: ThroughputConfig, target, data: Path, taps: Path, anchors: int, source: str, step: str):
     """A training run (not started) of the cpu preset with the shipped heads' loss and these settings;
     ``step`` "default" (the training default head step) or "reference" (``REFERENCE``)."""
-    from jetflow.training.train import TrainConfig, setup
+    from jetflow.training.train import setup
+    from jetflow.training.config import TrainConfig
     out = _work(cfg, target) / f"run-{source}-{anchors}-{step}"
     return setup(TrainConfig.from_name(
         "cpu", data=str(data), out=str(out), loss="ce", anchors_per_seq=anchors, seqs_per_step=cfg.seqs_per_step,
@@ -79,7 +81,7 @@ def _run(cfg: ThroughputConfig, target, data: Path, taps: Path, anchors: int, so
 
 def head_step(run) -> str:
     """The head step a run takes, as its table names it: "bfloat16 blockwise", "float32 packed", ..."""
-    from jetflow.training.train import head_compute
+    from jetflow.training.step import head_compute
     dtype, blockwise = head_compute(run.cfg, run.accelerator.device)
     return f"{str(dtype).removeprefix('torch.')} {'blockwise' if blockwise else 'packed'}"
 
@@ -90,7 +92,7 @@ def measure(cfg: ThroughputConfig, target=None, *, progress: bool = True) -> lis
     from tqdm.auto import tqdm
     from jetflow.util.hardware import environment
     from jetflow.engine.load import load_target
-    from jetflow.training.train import train_step
+    from jetflow.training.step import train_step
     if cfg.steps < cfg.rounds or cfg.rounds < 1 or not cfg.anchors:
         raise ValueError(f"need steps >= rounds >= 1 and some anchors, got steps={cfg.steps}, rounds={cfg.rounds}")
     target = target or load_target(None, dtype=cfg.dtype)

@@ -76,7 +76,7 @@ def indexed_rows(cfg: CorrectionTrainConfig) -> tuple[list[Path], list[tuple[int
     """(the data files, [(row number across the files in order, row)]): the regenerated rows used, minus the held-out training prompts of the acceptance profile
     (``holdout.heldout_prompts``: the diagnosis reads them, so the correction never trains on them) and the
     rows the head's own training held out for its profile (``train --holdout``)."""
-    from jetflow.data.prompts import load_regenerated
+    from jetflow.data.regenerate import load_regenerated
     from jetflow.data.holdout import head_holdout_ids, heldout_prompts
     from jetflow.util.paths import shipped_head_dir
     folder = Path(cfg.data).expanduser()
@@ -136,7 +136,7 @@ def sequence_features(proposer, row: dict, n_anchors: int, c: int, generator: to
     source of ``jetflow.training.taps``): hidden (A, D, H) bf16, cand_logp (A, D, C), cand_col (A, D, C) draft
     columns, truth (A, D) token ids (-1 past the end), truth_logp (A, D) the head's log-prob of the truth
     (-inf outside the draft vocabulary), truth_pos (A, D) its index among the candidates (-1: not one)."""
-    from .train import sample_anchors
+    from .step import sample_anchors
     head, target = proposer.head, proposer.target
     ids = torch.tensor(row["prompt_ids"] + row["response_ids"][:max_response + head.config.block_size])
     p, s, depths = len(row["prompt_ids"]), ids.numel(), head.config.block_size - 1

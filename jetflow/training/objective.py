@@ -1,7 +1,7 @@
 """The training objective, pure tensors: which position each block slot predicts, the per-slot loss
 (forward KL to the target's distribution, or cross-entropy on the regenerated token), depth weights and
 their curriculum, the weighted mean over valid slots, per-depth accuracy, and the draft-vocabulary columns
-of token ids. ``train.py`` runs the head and the target; everything here is checked on hand-made tensors.
+of token ids. ``step.py`` runs the head and the target; everything here is checked on hand-made tensors.
 
 Shapes: A anchors (blocks), D depths per block, S sequence tokens, K draft vocabulary (K = V without one).
 """
@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .config import TrainConfig
+
 if TYPE_CHECKING:  # annotations only
     from jetflow.drafting.head import DraftHead
-    from .train import TrainConfig
 
 
 def depth_weights(n_depths: int, gamma: float) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Where a trained head comes from: its provenance files.
 
 ``write_provenance`` writes a trained head's ``provenance.json`` and ``PROVENANCE.md``: the
-command that rebuilds it (``train.command_for``, generated from the config's flag metadata), the
+command that rebuilds it (``config.command_for``, generated from the config's flag metadata), the
 commands of the heads it was warm-started from, its data file (sha256, mix, the regenerate command),
 token counts, wall time, versions and its final evaluation.
 """
@@ -11,13 +11,13 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch
 import transformers
 
-if TYPE_CHECKING:
-    from .train import Progress, TrainingRun
+from jetflow.data.regenerate import data_files
+from jetflow.util.paths import portable_path
+from .config import command_for, lineage, portable_config
+from .run import Progress, TrainingRun
 
 TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl. the bonus token for a chain "
             "of the argmax at every depth (a budget of D = Q-1 draft nodes, root excluded)")
@@ -25,9 +25,6 @@ TAU_NOTE = ("simulated tau = 1 + sum_k prod_{i<=k} acc_i: tokens per round incl.
 
 def write_provenance(run: TrainingRun, state: Progress, last: dict, rows: list[dict]) -> dict:
     """out/provenance.json and PROVENANCE.md: command, data, tokens, time, config, results, versions."""
-    from jetflow.util.paths import portable_path
-    from jetflow.data.prompts import data_files
-    from .train import command_for, lineage, portable_config  # train.py calls this at the end
     cfg, path = run.cfg, Path(run.cfg.data)
     files = data_files(path, cfg.parts)
     data = {"file": path.name, "path": portable_path(path), **({"parts": [f.name for f in files]} if path.is_dir() else {}),

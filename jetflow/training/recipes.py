@@ -25,16 +25,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from jetflow.data import regenerate as regeneration
+from jetflow.data.prompts import training_prompts
 from jetflow.util import jsonl
-from jetflow.data import prompts as data
 from jetflow.util import paths
-from .train import TrainConfig
+from .config import TrainConfig
 
 
 @dataclass(frozen=True)
 class Regen:
     """How the training answers are made (the options of ``python -m jetflow regenerate``)."""
-    n: int                        # training prompts (data.training_prompts: 50% math, 25% code, 25% chat)
+    n: int                        # training prompts (training_prompts: 50% math, 25% code, 25% chat)
     seed: int = 0
     batch_size: int = 16
     max_new_tokens: int = 128     # answers are cut here
@@ -99,9 +100,9 @@ def regenerate(recipe: Recipe, root: str | Path, target, *, progress: bool = Tru
     r, out = recipe.regen, Path(root) / recipe.data_file
     if str(target.dtype).removeprefix("torch.") != r.dtype:
         raise ValueError(f"recipe {recipe.name!r} answers in {r.dtype}; got a {target.dtype} target")
-    prompts = data.training_prompts(r.n, seed=r.seed, data_dir=r.data_dir)
-    data.regenerate(target, prompts, out, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
-                    max_prompt_tokens=r.max_prompt_tokens, progress=progress)
+    prompts = training_prompts(r.n, seed=r.seed, data_dir=r.data_dir)
+    regeneration.regenerate(target, prompts, out, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
+                            max_prompt_tokens=r.max_prompt_tokens, progress=progress)
     out.with_name(out.name + ".meta.json").write_text(json.dumps({"command": regenerate_command(recipe, out)}) + "\n")
     return out
 

@@ -4,6 +4,7 @@ training reads them instead of running the target (docs/scale.md).
     build(target, "regen.jsonl", layers=(1, 28), max_len=768, out="~/.cache/jetflow/taps/x")
     source = CachedTaps.open(target, ["regen.jsonl"], [out], layers=(1, 28), max_len=512)
     _, taps = source(row, ids, logits=False)        # (S, L, H) bf16, memory-mapped, no target forward
+    cache_taps(TapsConfig(data="regen/"))          # ``python -m jetflow taps``: every file of the data
 
 One cache folder per data file: ``taps.json`` (model, dtype, tap layers, max_len, hidden size, rows per
 shard, the data file's sha256) and, per shard of ``shard_rows`` consecutive rows, ``shard-KKKKK.npy``
@@ -24,7 +25,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from jetflow.util import jsonl
+from jetflow.data.regenerate import data_files, data_sha256, load_regenerated
+from jetflow.drafting.head import HeadConfig
+from jetflow.engine.load import load_target
+from jetflow.util import checks, jsonl
+from jetflow.util.flags import option
+from jetflow.util.paths import cache_dir
 
 FORMAT = 1
 HEADER = "taps.json"
@@ -37,7 +43,6 @@ def sequence_ids(row: dict, max_len: int) -> torch.Tensor:
 
 def header_for(target, layers: tuple[int, ...], max_len: int, data: Path, rows: int, shard_rows: int) -> dict:
     """What a cache's taps depend on (compared when it is resumed or read)."""
-    from .train import data_sha256
     return {"format": FORMAT, "model": target.name, "dtype": str(target.dtype).removeprefix("torch."),
             "tap_layers": list(layers), "hidden": target.config.hidden_size, "max_len": max_len,
             "shard_rows": shard_rows, "rows": rows, "data": data.name, "data_sha256": data_sha256(data)}
@@ -80,7 +85,6 @@ def build(target, data: str | Path, *, layers: tuple[int, ...], max_len: int, ou
     rerunning skips the whole shards. A second builder of the same cache is refused (``jsonl.Busy``), or
     with ``wait`` waits for the first and then finds its shards whole; a whole cache is only checked,
     without its lock, so any number of readers may start at once. -> out."""
-    from jetflow.data.prompts import load_regenerated
     if max_len < 3 or shard_rows < 1:
         raise ValueError(f"max_len must be >= 3 and shard_rows >= 1, got {max_len}, {shard_rows}")
     data, out = Path(data), Path(out)
@@ -112,7 +116,6 @@ def build(target, data: str | Path, *, layers: tuple[int, ...], max_len: int, ou
 
 def missing_rows(data: str | Path, out: str | Path, shard_rows: int) -> int:
     """Rows of ``data`` not yet in whole shards of ``out`` (one progress bar over several files)."""
-    from jetflow.data.prompts import load_regenerated
     n = len(load_regenerated(data))
     return sum(len(range(n)[k * shard_rows:(k + 1) * shard_rows])
                for k in range(-(-n // shard_rows)) if not _shard(Path(out), k)[1].is_file())
@@ -220,7 +223,6 @@ def _read_header(out: Path, data: Path) -> dict:
 def default_dir(data: str | Path, model: str, layers: tuple[int, ...]) -> Path:
     """The cache folder of a data file or chunked folder: named by the data, the model and the layers
     (a chunked folder's parts get one subfolder each, ``cache_for``)."""
-    from jetflow.util.paths import cache_dir
     name = Path(data).name.removesuffix(".jsonl")
     return cache_dir() / "taps" / f"{name}-{model.rstrip('/').replace('/', '--')}-L{'-'.join(map(str, layers))}"
 
@@ -228,3 +230,38 @@ def default_dir(data: str | Path, model: str, layers: tuple[int, ...]) -> Path:
 def cache_for(root: Path, data: Path, chunked: bool) -> Path:
     """The cache folder of one data file: ``root`` itself, or its subfolder for a part of a chunked folder."""
     return root / data.name.removesuffix(".jsonl") if chunked else root
+
+
+# ----------------------------------------------------------------------------- the command
+@dataclass(frozen=True)
+class TapsConfig:
+    """``python -m jetflow taps``: cache the target's taps of regenerated data (resumable per shard)."""
+    data: str = option("", "regenerated JSONL or a chunked folder (python -m jetflow regenerate)", required=True)
+    parts: int = option(0, "with a chunked folder: its first K parts only (0: all)")
+    out: str | None = option(None, "cache folder (default: the jetflow cache's taps/DATA-MODEL-LAYERS, where "
+                             "train --taps cached looks)")
+    num_layers: int = option(2, "the head's draft layers: one tap each, the layers train picks for it")
+    max_len: int = option(768, "truncate prompt + response to this many tokens (train's max_len must not "
+                          "exceed it)")
+    shard_rows: int = option(128, "sequences per shard (the unit a killed build resumes from)")
+    model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
+    dtype: str = option("bfloat16", "the target's dtype (train's --set dtype must match)")
+    share: bool = option(False, "several processes of the same command split the files: one that another process "
+                         "is caching is passed over, then waited for at the end (one thread each: "
+                         "OMP_NUM_THREADS=1)", negate=("--alone", "fail on a file another process is caching "
+                                                       "(the default)"))
+
+
+def cache_taps(cfg: TapsConfig) -> Path:
+    """``python -m jetflow taps``: the taps of every file of ``cfg.data`` in its cache folder, for the
+    layers train picks for a head of ``num_layers`` draft layers. -> the cache folder."""
+    checks.positive(num_layers=cfg.num_layers, shard_rows=cfg.shard_rows)
+    if cfg.max_len < 3:
+        raise ValueError(f"--max-len must be >= 3, got {cfg.max_len}")
+    files = data_files(cfg.data, cfg.parts)
+    target = load_target(cfg.model, dtype=cfg.dtype)
+    layers = HeadConfig.for_target(target.config, num_layers=cfg.num_layers).target_layer_ids
+    root = checks.writable_dir(Path(cfg.out) if cfg.out else default_dir(cfg.data, target.name, layers), "--out")
+    build_all(target, files, [cache_for(root, f, Path(cfg.data).is_dir()) for f in files], layers=layers,
+              max_len=cfg.max_len, shard_rows=cfg.shard_rows, share=cfg.share)
+    return root
