@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jetflow.data.regenerate import RegenerateConfig, regenerate_files
 from jetflow.evaluation import bench, budget, replay
-from jetflow.results import curve, diagnose, manifest, report, speed, throughput
+from jetflow.results import correction_cost, curve, diagnose, manifest, report, speed, throughput
 from jetflow.training import correction_train
 from jetflow.training.config import PRESETS as TRAIN_PRESETS
 from jetflow.training.config import TrainConfig
@@ -180,7 +180,7 @@ COMMANDS = (
     Command("train-correction", "train the path correction beside the causal head",
             _flags(correction_train.CorrectionTrainConfig, add_quiet_flag), cmd_train_correction),
     Command("correction-cost", "the path correction's cost per round",
-            _flags(correction_train.CostConfig, add_output_flags), cmd_correction_cost),
+            _flags(correction_cost.CostConfig, add_output_flags), cmd_correction_cost),
     Command("diagnose", "acceptance on and off the argmax spine", _flags(diagnose.DiagnoseConfig, add_output_flags),
             cmd_diagnose),
     Command("cost", "the round-cost curve in AR steps, beside a head", _flags(budget.CostConfig), cmd_cost),

@@ -22,7 +22,7 @@ from jetflow.engine.decode import check_temperature, generate
 from jetflow.engine.load import load_target
 from jetflow.evaluation import bench, budget, replay
 from jetflow.evaluation.rows import write_rows
-from jetflow.results import curve, diagnose, throughput
+from jetflow.results import correction_cost, curve, diagnose, throughput
 from jetflow.training import correction_train
 from jetflow.training.train import TrainConfig, train
 from jetflow.util import checks
@@ -235,8 +235,8 @@ def cmd_train_correction(args) -> int:
 
 
 def cmd_correction_cost(args) -> int:
-    rows = correction_train.correction_cost(correction_train.CostConfig(**given(args, correction_train.CostConfig)))
-    return _emit(rows, args, correction_train.cost_markdown)
+    rows = correction_cost.correction_cost(correction_cost.CostConfig(**given(args, correction_cost.CostConfig)))
+    return _emit(rows, args, correction_cost.cost_markdown)
 
 
 def cmd_diagnose(args) -> int:

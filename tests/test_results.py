@@ -32,7 +32,7 @@ def test_the_entry_reproduces_the_committed_folder(name):
     rows = json.loads((RESULTS / name / "rows.json").read_text())
     assert results.command(name)[-2:] == ["--out", str(RESULTS / name)]
     if results.entry(name).argv[0] == "correction-cost":  # timed rows of the path correction, per prompt and budget
-        from jetflow.training.correction_train import CostConfig
+        from jetflow.results.correction_cost import CostConfig
         args = build_parser().parse_args(results.command(name))
         cfg = CostConfig(**given(args, CostConfig))
         assert {r["budget"] for r in rows} == set(cfg.budgets) and len({r["prompt"] for r in rows}) == cfg.prompts

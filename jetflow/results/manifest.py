@@ -47,7 +47,7 @@ class Entry:
     @property
     def renderer(self) -> Callable[[list[dict]], str]:
         """rows -> the folder's table.md (the subcommand's own table)."""
-        from jetflow.training.correction_train import cost_markdown
+        from .correction_cost import cost_markdown
         from .curve import to_markdown as curve_markdown
         from .diagnose import diagnosis_markdown
         from .speed_table import to_markdown as speed_markdown
