@@ -65,7 +65,7 @@ Entry points
   ``jetflow.results.diagnose``: ``profile_for_head``, ``diagnosis_rows``) and
   ``jetflow.views.viz_trees`` (its figures), ``jetflow.drafting.correction`` (the path-conditioned correction:
   ``PathCorrection``, ``path_table`` -> (D-1, C, C) per round; trained by ``jetflow.training.correction_train``), ``jetflow.results.speed`` (eager vs compiled vs llama.cpp in one run:
-  ``python -m jetflow.results.speed --out DIR``).
+  ``python -m jetflow speed --out DIR``).
 - ``python -m jetflow``: the command line (``jetflow.cli``; its ``--help`` pages: docs/cli.md).
 
 Methods (``METHODS``, in report order; ``jetflow.drafting.methods.describe()`` writes this list and a test
