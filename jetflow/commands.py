@@ -19,7 +19,7 @@ from jetflow.drafting import methods as registry
 from jetflow.drafting.head import DraftHead
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.decode import check_temperature, generate
-from jetflow.engine.load import load_target
+from jetflow.engine.load import load_for_run, load_target
 from jetflow.evaluation import bench, budget, replay
 from jetflow.evaluation.rows import write_rows
 from jetflow.results import correction_cost, curve, diagnose, throughput
@@ -63,6 +63,15 @@ def add_compile_flag(parser) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the target over a static cache (each graph compiles on first use, "
                              "minutes on a CPU; when it pays: docs/compiled.md)")
+    parser.add_argument("--cache-len", type=int, default=None, metavar="ROWS",
+                        help="with --compile: the static KV cache's rows (default: sized from the run, the longest "
+                             "prompt + max new tokens + the largest budget + 1, rounded up to 256)")
+
+
+def _check_cache_len(args) -> None:
+    if args.cache_len is not None and (args.cache_len < 2 or not args.compile):
+        raise ValueError(f"--cache-len sizes the compiled target's cache: it needs --compile and at least 2 "
+                         f"rows, got {args.cache_len}")
 
 
 def _heads(args) -> dict[str, str]:
@@ -119,7 +128,10 @@ def cmd_generate(args) -> int:
     registry.check([args.method], lambda m: m.decodes)
     _check_generate_args(args)
     check_head_dir(args.head, "--head")
-    target = load_target(args.model, dtype=args.dtype, compile=args.compile)
+    _check_cache_len(args)
+    largest = max(budget.CANDIDATES) if args.budget == "auto" else int(args.budget)
+    target = load_for_run(args.model, [args.prompt], max_new_tokens=args.max_new_tokens, budget=largest,
+                          dtype=args.dtype, compile=args.compile, cache_len=args.cache_len)
     proposer = make_proposer(args.method, target, head=args.head)
     nodes, prediction = args.budget, None
     if nodes == "auto":
@@ -199,10 +211,13 @@ def cmd_train(args) -> int:
 # ----------------------------------------------------------------------------- measuring
 def cmd_bench(args) -> int:
     cfg = bench.BenchConfig.from_name(args.preset, **given(args, bench.BenchConfig), heads=_heads(args))
+    _check_cache_len(args)
     _check_io(args, cfg)
     prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))
-    target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device, chat_kwargs=cfg.chat_template_kwargs,
-                         compile=args.compile)
+    target = load_for_run(cfg.model, [p["prompt"] for ps in prompts.values() for p in ps],
+                          max_new_tokens=cfg.max_new_tokens, budget=max(cfg.budgets), dtype=cfg.dtype,
+                          device=cfg.device, chat_kwargs=cfg.chat_template_kwargs, compile=args.compile,
+                          cache_len=args.cache_len)
     journal = Path(args.out) / "runs.jsonl" if args.out else None
     rows = bench.run_settings(target, cfg, prompts, progress=not args.json, journal=journal)
     return _emit(rows, args, bench.to_markdown)

@@ -40,6 +40,7 @@ from transformers import StaticCache
 from .target import Step, Target, cache_argument
 
 QUERY_SIZES = (1, 9, 17, 33, 65, 129, 257)  # AR, then budget + 1 for budgets 8, 16, 32, ...
+CACHE_MULTIPLE = 256  # a run-sized static cache is rounded up to a multiple of this many rows
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,23 @@ class CompileConfig:
     def context(self, n_ctx: int) -> int:
         """The context length the head's draft pass runs at for ``n_ctx`` rows: the next of ``head_contexts``."""
         return _bucket(self.head_contexts, n_ctx, "a head context of {} rows", "head_contexts")
+
+
+def cache_len_for(prompt_len: int, max_new_tokens: int, budget: int = 1,
+                  query_sizes: tuple[int, ...] = QUERY_SIZES, multiple: int = CACHE_MULTIPLE) -> int:
+    """Static KV rows a run needs: the longest prompt, every new token and one verify of ``budget`` drafts
+    plus the root padded to its query size, rounded up to ``multiple`` (never below the largest query size)."""
+    if prompt_len < 1 or max_new_tokens < 1 or budget < 1:
+        raise ValueError(f"prompt_len, max_new_tokens and budget must be >= 1, got "
+                         f"{prompt_len}, {max_new_tokens}, {budget}")
+    need = prompt_len + max_new_tokens + _bucket(query_sizes, budget + 1, "a tree of {} tokens", "query_sizes")
+    return -(-max(need, query_sizes[-1]) // multiple) * multiple
+
+
+def run_cache_len(target: Target, prompts, max_new_tokens: int, budget: int = 1) -> int:
+    """``cache_len_for`` the longest of ``prompts`` (texts through ``target.encode``, or id sequences)."""
+    longest = max((target.encode(p).numel() if isinstance(p, str) else len(p) for p in prompts), default=1)
+    return cache_len_for(longest, max_new_tokens, budget)
 
 
 def _bucket(sizes: tuple[int, ...], size: int, what: str, name: str) -> int:
@@ -220,6 +238,14 @@ class CompiledTarget(Target):
     @property
     def max_context(self) -> int:
         return min(super().max_context, self.engine.config.cache_len)
+
+    @property
+    def context_limit(self) -> str:
+        rows = self.engine.config.cache_len
+        if rows >= super().max_context:
+            return super().context_limit
+        return (f"the compiled target's static cache of {rows} rows (size it from the run: "
+                f"load_target(..., cache_len=cache_len_for(...)) or --cache-len)")
 
     def new_cache(self) -> StaticKV:
         return self.engine.new_handle()

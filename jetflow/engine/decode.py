@@ -77,7 +77,7 @@ def _check_args(target: Target, prompt_len: int, budget: int, max_new_tokens: in
     need = prompt_len + max_new_tokens + budget + 1
     if need > target.max_context:
         raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + budget "
-                         f"exceeds the model's context of {target.max_context} tokens")
+                         f"+ 1 ({need} rows) exceeds {target.context_limit}")
 
 
 def check_temperature(temperature: float, name: str = "temperature") -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .compiled import compile_target
+from .compiled import CompileConfig, compile_target, run_cache_len
 from .target import Target, check_supported
 
 EMBEDDED = "smollm2-135m"  # name of the embedded default target
@@ -55,16 +55,34 @@ def load_eager(name: str | None, dtype: str, device: str | None) -> Target:
 
 
 @functools.lru_cache(maxsize=4)
-def load_compiled(name: str | None, dtype: str, device: str | None) -> Target:
-    """The compiled counterpart of ``load_eager(name, dtype, device)`` (its model shared), once per process."""
-    return compile_target(load_eager(name, dtype, device))
+def load_compiled(name: str | None, dtype: str, device: str | None, cache_len: int | None = None) -> Target:
+    """The compiled counterpart of ``load_eager(name, dtype, device)`` (its model shared), once per process
+    and static cache length (None: ``CompileConfig``'s default)."""
+    config = CompileConfig() if cache_len is None else CompileConfig(cache_len=cache_len)
+    return compile_target(load_eager(name, dtype, device), config)
 
 
 def load_target(name: str | None = None, *, dtype: str = "float32", device: str | None = None,
-                chat_kwargs: dict | None = None, compile: bool = False) -> Target:
+                chat_kwargs: dict | None = None, compile: bool = False, cache_len: int | None = None) -> Target:
     """Load (once per process) the target: None = the embedded SmolLM2-135M-Instruct GGUF,
     otherwise a hub id or a local directory. ``chat_kwargs`` go to the chat template
     (e.g. ``{"enable_thinking": False}`` for Qwen3). ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget``
-    (torch.compile over a static cache; graphs compile on first use, see docs/compiled.md)."""
-    load = load_compiled if compile else load_eager
-    return replace(load(name, dtype, device), chat_kwargs=dict(chat_kwargs or {}))
+    (torch.compile over a static cache; graphs compile on first use, see docs/compiled.md) whose cache holds
+    ``cache_len`` rows (None: 1,024; ``load_for_run`` sizes it from the run)."""
+    if cache_len is not None and not compile:
+        raise ValueError("cache_len sizes the compiled target's static cache: pass compile=True with it")
+    target = load_compiled(name, dtype, device, cache_len) if compile else load_eager(name, dtype, device)
+    return replace(target, chat_kwargs=dict(chat_kwargs or {}))
+
+
+def load_for_run(name: str | None, prompts, *, max_new_tokens: int, budget: int = 1, compile: bool = False,
+                 cache_len: int | None = None, **kwargs) -> Target:
+    """``load_target(name, **kwargs)`` for a run over ``prompts`` (texts, or id sequences): eager, or with
+    ``compile`` a compiled target whose static cache holds ``cache_len`` rows, by default what the run needs
+    (``run_cache_len``: the longest encoded prompt + ``max_new_tokens`` + the largest ``budget`` + 1, rounded up)."""
+    target = load_target(name, **kwargs)
+    if not compile:
+        return target
+    if cache_len is None:
+        cache_len = run_cache_len(target, prompts, max_new_tokens, budget)
+    return load_target(name, **kwargs, compile=True, cache_len=cache_len)

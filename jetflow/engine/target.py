@@ -47,6 +47,11 @@ class Target:
         return int(getattr(self.config, "max_position_embeddings", 2048))
 
     @property
+    def context_limit(self) -> str:
+        """What bounds ``max_context``, for error messages."""
+        return f"the model's context of {self.max_context} tokens"
+
+    @property
     def eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
         if eos is None:

@@ -143,7 +143,7 @@ def _encode_all(target: Target, prompts_by_dataset, room: int) -> dict[str, list
         for p, ids in zip(prompts, out[ds]):
             if ids.numel() + room > target.max_context:
                 raise ValueError(f"prompt {p.get('id', '?')!r} ({ids.numel()} tokens) + {room} tokens of "
-                                 f"decoding exceeds the model's context of {target.max_context}")
+                                 f"decoding exceeds {target.context_limit}")
     return out
 
 

@@ -1,0 +1,62 @@
+"""The GPU path's loud failures and silent mismatches, retired on a CPU with tiny random targets
+(docs: /work/shared/docs/GPU_REVIEW.md rows 2, 4-8): a run-sized compiled cache, thinking off for
+Qwen3-style chat templates, the paper's budgets, last-position prefill logits, gpu-check without the
+embedded model."""
+import pytest
+import torch
+
+from fakes import ByteTokenizer, tiny_model
+from jetflow.cli import main
+from jetflow.engine.compiled import CompileConfig, cache_len_for, compile_target, run_cache_len
+from jetflow.engine.decode import generate
+from jetflow.engine.target import Target
+
+
+# ----------------------------------------------------------------------------- 1. the compiled cache's size
+@pytest.mark.parametrize("prompt,new,budget,rows", [
+    (10, 10, 1, 512),          # never below the largest query graph (257), rounded up to 256
+    (1000, 3072, 255, 4352),   # the qwen3-8b preset: 1000 + 3072 + 257 = 4329 -> 4352
+    (700, 300, 16, 1024),      # 700 + 300 + 17 = 1017 -> 1024
+    (700, 308, 16, 1280),      # one row more than 1024 -> the next multiple
+    (100, 100, 20, 512),       # a 21-token tree runs in the 33 graph
+])
+def test_cache_len_covers_prompt_new_tokens_and_the_padded_tree(prompt, new, budget, rows):
+    assert cache_len_for(prompt, new, budget) == rows
+    assert rows >= prompt + new + budget + 1 and rows % 256 == 0
+
+
+def test_cache_len_refuses_a_tree_past_the_largest_graph():
+    with pytest.raises(ValueError, match="a tree of 300 tokens exceeds the largest compiled size 257"):
+        cache_len_for(10, 10, 299)
+
+
+def long_target(layers: int = 2) -> Target:
+    model = tiny_model("qwen3", 64, seed=3, layers=layers)
+    model.config.max_position_embeddings = 4096
+    return Target(model, ByteTokenizer(), "tiny-long")
+
+
+def test_a_compiled_target_too_short_for_the_run_names_its_cache():
+    prompt = torch.randint(3, 64, (1020,), generator=torch.Generator().manual_seed(0))
+    short = compile_target(long_target(), CompileConfig(cache_len=1024))
+    with pytest.raises(ValueError, match="exceeds the compiled target's static cache of 1024 rows"):
+        generate(short, prompt, None, budget=1, max_new_tokens=12)
+    assert run_cache_len(short, [prompt.tolist(), [1] * 5], 12, 1) == 1280
+
+
+def test_a_run_sized_compiled_cache_decodes_past_1024_rows():
+    """One graph (AR, query size 1) over a 1,280-row cache: the same tokens as the eager target."""
+    eager = long_target()
+    prompt = torch.randint(3, 64, (1020,), generator=torch.Generator().manual_seed(0))
+    rows = run_cache_len(eager, [prompt], 12)
+    compiled = compile_target(eager, CompileConfig(cache_len=rows, query_sizes=(1,), compile_head=False))
+    got = generate(compiled, prompt, None, budget=1, max_new_tokens=12)
+    assert len(prompt) + got.new_tokens > 1024
+    assert got.tokens == generate(eager, prompt, None, budget=1, max_new_tokens=12).tokens
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_cache_len_needs_compile(command, capsys):
+    argv = [command] + (["--prompt", "hi"] if command == "generate" else []) + ["--cache-len", "2048"]
+    assert main(argv) == 2
+    assert "--cache-len sizes the compiled target's cache: it needs --compile" in capsys.readouterr().err
