@@ -19,7 +19,7 @@ from jetflow.drafting import methods as registry
 from jetflow.drafting.head import DraftHead
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.decode import check_temperature, generate
-from jetflow.engine.load import load_for_run, load_target
+from jetflow.engine.load import DEVICE_HELP, THINKING_HELP, load_for_run, load_target
 from jetflow.evaluation import bench, budget, replay
 from jetflow.evaluation.rows import write_rows
 from jetflow.results import correction_cost, curve, diagnose, throughput
@@ -72,6 +72,16 @@ def _check_cache_len(args) -> None:
     if args.cache_len is not None and (args.cache_len < 2 or not args.compile):
         raise ValueError(f"--cache-len sizes the compiled target's cache: it needs --compile and at least 2 "
                          f"rows, got {args.cache_len}")
+
+
+def add_thinking_flags(parser) -> None:
+    """``--thinking`` / ``--no-thinking`` (default: decided by ``chat_kwargs_for``, off where the template
+    knows the switch)."""
+    pair = parser.add_mutually_exclusive_group()
+    pair.add_argument("--thinking", dest="thinking", action="store_const", const=True, default=None,
+                      help=THINKING_HELP)
+    pair.add_argument("--no-thinking", dest="thinking", action="store_const", const=False,
+                      help="thinking off (the default where the template knows the switch)")
 
 
 def _heads(args) -> dict[str, str]:
@@ -131,7 +141,8 @@ def cmd_generate(args) -> int:
     _check_cache_len(args)
     largest = max(budget.CANDIDATES) if args.budget == "auto" else int(args.budget)
     target = load_for_run(args.model, [args.prompt], max_new_tokens=args.max_new_tokens, budget=largest,
-                          dtype=args.dtype, compile=args.compile, cache_len=args.cache_len)
+                          dtype=args.dtype, device=args.device, thinking=args.thinking, compile=args.compile,
+                          cache_len=args.cache_len)
     proposer = make_proposer(args.method, target, head=args.head)
     nodes, prediction = args.budget, None
     if nodes == "auto":
@@ -163,6 +174,8 @@ def generate_flags(g) -> None:
     g.add_argument("--model", default=None, help="hub id or local dir (default: embedded SmolLM2)")
     g.add_argument("--head", default=None, help="draft head dir or hub id (default: shipped head)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--device", default=None, help=DEVICE_HELP)
+    add_thinking_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object")
     add_compile_flag(g)
 
@@ -216,7 +229,8 @@ def cmd_bench(args) -> int:
     prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))
     target = load_for_run(cfg.model, [p["prompt"] for ps in prompts.values() for p in ps],
                           max_new_tokens=cfg.max_new_tokens, budget=max(cfg.budgets), dtype=cfg.dtype,
-                          device=cfg.device, chat_kwargs=cfg.chat_template_kwargs, compile=args.compile,
+                          device=cfg.device, chat_kwargs=cfg.chat_template_kwargs, thinking=cfg.thinking,
+                          compile=args.compile,
                           cache_len=args.cache_len)
     journal = Path(args.out) / "runs.jsonl" if args.out else None
     rows = bench.run_settings(target, cfg, prompts, progress=not args.json, journal=journal)
@@ -228,7 +242,7 @@ def cmd_replay(args) -> int:
     _check_io(args, cfg)
     cache = checks.writable_dir(Path(cfg.cache) if cfg.cache else cache_dir() / "replay", "--cache")
     prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))
-    target = load_target(cfg.model, dtype="float32")
+    target = load_target(cfg.model, dtype="float32", device=cfg.device, thinking=cfg.thinking)
     traces = {ds: replay.ar_traces(target, ps, cfg.max_new_tokens, dataset=ds, progress=not args.json,
                                    cache=replay.trace_cache(target, ds, cache))
               for ds, ps in prompts.items()}

@@ -60,3 +60,84 @@ def test_cache_len_needs_compile(command, capsys):
     argv = [command] + (["--prompt", "hi"] if command == "generate" else []) + ["--cache-len", "2048"]
     assert main(argv) == 2
     assert "--cache-len sizes the compiled target's cache: it needs --compile" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- 2. thinking off, decided once
+# a minimal template with Qwen3's switch: without enable_thinking=False the assistant turn is left open to think
+SWITCH_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+EMPTY_THINK = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+@pytest.fixture(scope="module")
+def switch_dir(tmp_path_factory, gguf_tokenizer):
+    """A tiny Qwen3 on disk whose tokenizer's chat template has the enable_thinking switch."""
+    import copy
+    path = tmp_path_factory.mktemp("qwen3-switch")
+    tok = copy.deepcopy(gguf_tokenizer)
+    tok.chat_template = SWITCH_TEMPLATE
+    tok.save_pretrained(path)
+    tiny_model("qwen3", len(tok), eos=2, layers=1).save_pretrained(path)
+    return str(path)
+
+
+def rendered(target) -> str:
+    return target.tokenizer.decode(target.encode("hi").tolist(), skip_special_tokens=False)
+
+
+def test_chat_kwargs_for_decides_thinking_once(gguf_tokenizer):
+    from jetflow.engine.load import chat_kwargs_for
+    import copy
+    switch = copy.deepcopy(gguf_tokenizer)
+    switch.chat_template = SWITCH_TEMPLATE
+    assert chat_kwargs_for(switch) == {"enable_thinking": False}
+    assert chat_kwargs_for(switch, thinking=True) == {"enable_thinking": True}
+    assert chat_kwargs_for(switch, extra={"enable_thinking": True}) == {"enable_thinking": True}
+    assert chat_kwargs_for(switch, thinking=False, extra={"enable_thinking": True, "x": 1}) == \
+        {"enable_thinking": False, "x": 1}
+    assert chat_kwargs_for(gguf_tokenizer) == {}  # SmolLM2's template has no switch: nothing changes
+    assert chat_kwargs_for(gguf_tokenizer, thinking=False) == {}
+
+
+def test_load_target_renders_without_thinking_by_default(switch_dir):
+    from jetflow.engine.load import load_target
+    target = load_target(switch_dir)
+    assert target.chat_kwargs == {"enable_thinking": False}
+    assert rendered(target) == EMPTY_THINK
+    thinking = load_target(switch_dir, thinking=True)
+    assert rendered(thinking) == EMPTY_THINK.removesuffix("<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize("command,extra", [
+    ("generate", ["--prompt", "hi"]), ("regenerate", []), ("bench", []), ("replay", []),
+])
+def test_thinking_and_device_flags_on_every_command_that_encodes_prompts(command, extra):
+    from jetflow.cli import build_parser
+    parser = build_parser()
+    assert parser.parse_args([command, *extra]).thinking is None
+    assert parser.parse_args([command, *extra, "--thinking"]).thinking is True
+    assert parser.parse_args([command, *extra, "--no-thinking"]).thinking is False
+    assert parser.parse_args([command, *extra, "--device", "cuda:1"]).device == "cuda:1"
+
+
+def test_taps_takes_a_device():
+    from jetflow.cli import build_parser
+    assert build_parser().parse_args(["taps", "--data", "x.jsonl", "--device", "cuda"]).device == "cuda"
+
+
+def test_generate_passes_thinking_and_device_to_the_loader(monkeypatch, switch_dir, capsys):
+    """generate on a switch template: the answer is decoded after the empty think block, on --device."""
+    import jetflow.commands as commands
+    seen = {}
+    real = commands.load_for_run
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs, target=real(*args, **kwargs))
+        return seen["target"]
+    monkeypatch.setattr(commands, "load_for_run", spy)
+    assert main(["generate", "--prompt", "hi", "--model", switch_dir, "--max-new-tokens", "2",
+                 "--device", "cpu", "--json"]) == 0
+    assert seen["device"] == "cpu" and seen["thinking"] is None
+    assert seen["target"].chat_kwargs == {"enable_thinking": False}

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from jetflow.engine.load import EMBEDDED, load_target
+from jetflow.engine.load import DEVICE_HELP, EMBEDDED, THINKING_HELP, load_target
 from jetflow.util import checks, jsonl
 from jetflow.util.flags import command_line, option
 from jetflow.util.paths import cache_dir
@@ -48,6 +48,9 @@ class RegenerateConfig:
     seed: int = option(0, "seed of the prompt draw")
     model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
     dtype: str = option("bfloat16", "the target's dtype")
+    device: str | None = option(None, DEVICE_HELP)
+    thinking: bool | None = option(None, THINKING_HELP, negate=("--no-thinking", "thinking off (the default where "
+                                                                "the template knows the switch)"))
     data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
 
 
@@ -223,7 +226,7 @@ def regenerate_files(cfg: RegenerateConfig) -> None:
     draw = (lambda: training_pool(seed=cfg.seed, data_dir=cfg.data_dir)) if cfg.n == 0 else \
         (lambda: training_prompts(cfg.n, seed=cfg.seed, data_dir=cfg.data_dir))
     prompts = checks.prompt_source(draw)
-    target = load_target(cfg.model, dtype=cfg.dtype)
+    target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device, thinking=cfg.thinking)
     busy = []
     for index, path in enumerate(files):
         part = {"chunk": index, "chunks": cfg.chunks} if cfg.chunks > 1 else {}

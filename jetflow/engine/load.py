@@ -18,6 +18,9 @@ from .compiled import CompileConfig, compile_target, run_cache_len
 from .target import Target, check_supported
 
 EMBEDDED = "smollm2-135m"  # name of the embedded default target
+THINKING_HELP = ("a chat template with an enable_thinking switch (Qwen3) thinks: off by default, as the "
+                 "published heads were trained (chat_kwargs_for)")
+DEVICE_HELP = "where the target runs, e.g. cuda or cuda:1 (default: the CPU)"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -62,17 +65,37 @@ def load_compiled(name: str | None, dtype: str, device: str | None, cache_len: i
     return compile_target(load_eager(name, dtype, device), config)
 
 
+def knows_thinking(tokenizer) -> bool:
+    """Whether the tokenizer's chat template reads the ``enable_thinking`` switch (Qwen3-style templates)."""
+    return "enable_thinking" in str(getattr(tokenizer, "chat_template", None) or "")
+
+
+def chat_kwargs_for(tokenizer, thinking: bool | None = None, extra: dict | None = None) -> dict:
+    """The one decision of the chat template's switches: ``extra`` as given, and where the template knows
+    ``enable_thinking``, thinking OFF unless ``extra`` or ``thinking=True`` asks for it (the published heads were
+    trained without thinking, and both reference engines turn it off); ``thinking`` True/False wins over
+    ``extra``. A template without the switch gets ``extra`` alone."""
+    kwargs = dict(extra or {})
+    if knows_thinking(tokenizer):
+        if thinking is not None:
+            kwargs["enable_thinking"] = bool(thinking)
+        kwargs.setdefault("enable_thinking", False)
+    return kwargs
+
+
 def load_target(name: str | None = None, *, dtype: str = "float32", device: str | None = None,
-                chat_kwargs: dict | None = None, compile: bool = False, cache_len: int | None = None) -> Target:
+                chat_kwargs: dict | None = None, thinking: bool | None = None, compile: bool = False,
+                cache_len: int | None = None) -> Target:
     """Load (once per process) the target: None = the embedded SmolLM2-135M-Instruct GGUF,
-    otherwise a hub id or a local directory. ``chat_kwargs`` go to the chat template
-    (e.g. ``{"enable_thinking": False}`` for Qwen3). ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget``
+    otherwise a hub id or a local directory. The chat template's switches are ``chat_kwargs_for(tokenizer,
+    thinking, chat_kwargs)``: ``chat_kwargs`` as given, and thinking off where the template knows
+    ``enable_thinking`` (Qwen3) unless ``thinking=True``. ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget``
     (torch.compile over a static cache; graphs compile on first use, see docs/compiled.md) whose cache holds
     ``cache_len`` rows (None: 1,024; ``load_for_run`` sizes it from the run)."""
     if cache_len is not None and not compile:
         raise ValueError("cache_len sizes the compiled target's static cache: pass compile=True with it")
     target = load_compiled(name, dtype, device, cache_len) if compile else load_eager(name, dtype, device)
-    return replace(target, chat_kwargs=dict(chat_kwargs or {}))
+    return replace(target, chat_kwargs=chat_kwargs_for(target.tokenizer, thinking, chat_kwargs))
 
 
 def load_for_run(name: str | None, prompts, *, max_new_tokens: int, budget: int = 1, compile: bool = False,

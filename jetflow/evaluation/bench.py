@@ -54,7 +54,7 @@ from .rows import write_rows as write
 from .journal import Journal, head_fingerprint, journal_settings, text_sha
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.target import Target
-from jetflow.engine.load import DTYPES
+from jetflow.engine.load import DEVICE_HELP, DTYPES, THINKING_HELP
 
 
 
@@ -267,7 +267,9 @@ class BenchConfig:
     model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
     dtype: str = option("float32", "the target's dtype (fp32: greedy output must equal AR exactly)",
                         choices=tuple(DTYPES))
-    device: str | None = None
+    device: str | None = option(None, DEVICE_HELP)
+    thinking: bool | None = option(None, THINKING_HELP, negate=("--no-thinking", "thinking off (the default where "
+                                                                "the template knows the switch)"))
     methods: tuple[str, ...] = option(("ar", "hf", "hf-lookup", "lookup", "jetflow", "dflash", "ddtree"),
                                       "comma list: " + ",".join(registry.names()))
     datasets: tuple[str, ...] = option(BENCHMARKS, "comma list: " + ",".join(DATASETS))

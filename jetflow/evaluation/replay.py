@@ -42,6 +42,7 @@ from jetflow.util.paths import shipped_head_dir
 from jetflow.util.hardware import environment
 from .rows import REPLAY_NOTE, write_rows
 from .rows import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
+from jetflow.engine.load import DEVICE_HELP, THINKING_HELP
 from jetflow.engine.tree import Tree
 from jetflow.drafting.builders import BUILDERS, tree_builder
 from jetflow.engine.verify import greedy_accept
@@ -62,6 +63,9 @@ class ReplayConfig:
     max_new_tokens: int = option(128, "new tokens of each AR answer")
     prompts_file: str | None = option(None, 'JSONL of {"id", "prompt"} per line (instead of --datasets)')
     model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
+    device: str | None = option(None, DEVICE_HELP)
+    thinking: bool | None = option(None, THINKING_HELP, negate=("--no-thinking", "thinking off (the default where "
+                                                                "the template knows the switch)"))
     data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
     cache: str | None = option(None, "folder for the AR answers (resumable; default: the jetflow cache)")
     heads: dict = field(default_factory=dict)  # head kind -> directory or hub id; empty: the shipped heads
@@ -90,10 +94,12 @@ class Trace:
 
 
 def trace_cache(target, dataset: str, folder: str | Path | None = None) -> Path:
-    """The JSONL that caches ``target``'s AR traces of ``dataset`` (default folder: the jetflow cache's replay/)."""
+    """The JSONL that caches ``target``'s AR traces of ``dataset`` (default folder: the jetflow cache's replay/);
+    a target with chat switches (e.g. enable_thinking) gets its own file."""
     from jetflow.util.paths import cache_dir
     folder = Path(folder) if folder is not None else cache_dir() / "replay"
-    return folder / f"ar-{target.name.replace('/', '--')}-{dataset}.jsonl"
+    chat = "".join(f"-{k}={v}" for k, v in sorted(getattr(target, "chat_kwargs", {}).items()))  # thinking or not
+    return folder / f"ar-{target.name.replace('/', '--')}{chat}-{dataset}.jsonl"
 
 
 def ar_traces(target, prompts: Sequence[Mapping], max_new_tokens: int, *, dataset: str = "",

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from jetflow.data.regenerate import data_files, data_sha256, load_regenerated
 from jetflow.drafting.head import HeadConfig
-from jetflow.engine.load import load_target
+from jetflow.engine.load import DEVICE_HELP, load_target
 from jetflow.util import checks, jsonl
 from jetflow.util.flags import option
 from jetflow.util.paths import cache_dir
@@ -246,6 +246,7 @@ class TapsConfig:
     shard_rows: int = option(128, "sequences per shard (the unit a killed build resumes from)")
     model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
     dtype: str = option("bfloat16", "the target's dtype (train's --set dtype must match)")
+    device: str | None = option(None, DEVICE_HELP)
     share: bool = option(False, "several processes of the same command split the files: one that another process "
                          "is caching is passed over, then waited for at the end (one thread each: "
                          "OMP_NUM_THREADS=1)", negate=("--alone", "fail on a file another process is caching "
@@ -259,7 +260,7 @@ def cache_taps(cfg: TapsConfig) -> Path:
     if cfg.max_len < 3:
         raise ValueError(f"--max-len must be >= 3, got {cfg.max_len}")
     files = data_files(cfg.data, cfg.parts)
-    target = load_target(cfg.model, dtype=cfg.dtype)
+    target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device)
     layers = HeadConfig.for_target(target.config, num_layers=cfg.num_layers).target_layer_ids
     root = checks.writable_dir(Path(cfg.out) if cfg.out else default_dir(cfg.data, target.name, layers), "--out")
     build_all(target, files, [cache_for(root, f, Path(cfg.data).is_dir()) for f in files], layers=layers,
