@@ -271,7 +271,9 @@ def test_run_auto_calibrates_each_dataset_on_its_own_prompts(target, monkeypatch
 def test_qwen3_preset_values():
     cfg = bench.resolve_preset("qwen3-8b", {})
     assert cfg["model"] == "Qwen/Qwen3-8B" and cfg["dtype"] == "bfloat16" and cfg["max_new_tokens"] == 3072
-    assert cfg["budgets"] == (16, 32, 64, 128, 255) and cfg["auto"] is False
+    assert cfg["budgets"] == (15, 31, 63, 127, 255) and cfg["auto"] is False
+    # the paper counts the root: its 16/32/64/128/256 verified nodes (review row 5)
+    assert tuple(b + 1 for b in cfg["budgets"]) == (16, 32, 64, 128, 256)
     assert cfg["datasets"] == ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
     assert cfg["chat_template_kwargs"] == {"enable_thinking": False}
     assert bench.PRESETS["qwen3-8b"].heads["jetflow"] == "JetSpec/jetspec-qwen3-8b"
@@ -281,7 +283,7 @@ def test_qwen3_preset_values():
     ({"budgets": "16,32"}, "budgets", (16, 32)),
     ({"budgets": [8]}, "budgets", (8,)),
     ({"budgets": "auto"}, "auto", True),
-    ({"budgets": "auto"}, "budgets", (16, 32, 64, 128, 255)),
+    ({"budgets": "auto"}, "budgets", (15, 31, 63, 127, 255)),
     ({"budgets": "8,16,auto"}, "auto", "compare"),
     ({"budgets": "8,16,auto"}, "budgets", (8, 16)),
     ({"methods": "ar,lookup", "limit": None}, "methods", ("ar", "lookup")),
@@ -344,7 +346,7 @@ def test_budgets_past_max_drafts_share_one_set_of_runs(target, monkeypatch):
     assert set(calls) == {None, 2, 3}  # budgets 16 and 64 are not decoded again
     by_budget = {r["budget"]: r for r in rows if r["dataset"] == "math" and r["method"] == "dflash"}
     for b in (16, 64):
-        assert {k: v for k, v in by_budget[b].items() if k not in ("budget", "note", "same_as_budget")} == \
-               {k: v for k, v in by_budget[3].items() if k != "budget"}
+        assert {k: v for k, v in by_budget[b].items() if k not in ("budget", "paper_budget", "note", "same_as_budget")} \
+               == {k: v for k, v in by_budget[3].items() if k not in ("budget", "paper_budget")}
         assert "same runs as budget 3" in by_budget[b]["note"] and by_budget[b]["same_as_budget"] == 3
     assert "note" not in by_budget[2] and "same runs as budget 3" in bench.to_markdown(rows)

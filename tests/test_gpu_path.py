@@ -141,3 +141,25 @@ def test_generate_passes_thinking_and_device_to_the_loader(monkeypatch, switch_d
                  "--device", "cpu", "--json"]) == 0
     assert seen["device"] == "cpu" and seen["thinking"] is None
     assert seen["target"].chat_kwargs == {"enable_thinking": False}
+
+
+# ----------------------------------------------------------------------------- 3. budgets the paper's way
+def test_bench_rows_and_table_carry_the_paper_budget():
+    from fakes import CharTokenizer
+    from jetflow.evaluation import bench
+    from jetflow.evaluation.rows import bench_markdown
+    target = Target(tiny_model("llama", 50, eos=2, layers=1), CharTokenizer(50), "tiny-char")
+    rows = bench.run(target, ["ar", "lookup"], {"toy": [{"id": 0, "prompt": "abc abc abc"}]},
+                     [15, 31], max_new_tokens=4, progress=False, warmup=False)
+    assert {(r["budget"], r.get("paper_budget")) for r in rows} == {(None, None), (15, 16), (31, 32)}
+    table = bench_markdown(rows)
+    assert "| budget | paper budget |" in table and "| lookup | toy | 15 | 16 |" in table
+    assert "paper budget = verified nodes including the root" in table
+    old = [{k: v for k, v in r.items() if k != "paper_budget"} for r in rows]  # committed rows render as before
+    assert "paper budget" not in bench_markdown(old)
+
+
+def test_the_qwen3_preset_verifies_the_papers_node_counts():
+    from jetflow.evaluation import bench
+    budgets = bench.BenchConfig.from_name("qwen3-8b").budgets
+    assert [b + 1 for b in budgets] == [16, 32, 64, 128, 256]
