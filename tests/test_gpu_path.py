@@ -163,3 +163,33 @@ def test_the_qwen3_preset_verifies_the_papers_node_counts():
     from jetflow.evaluation import bench
     budgets = bench.BenchConfig.from_name("qwen3-8b").budgets
     assert [b + 1 for b in budgets] == [16, 32, 64, 128, 256]
+
+
+# ----------------------------------------------------------------------------- 4. the prefill's last logits only
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_prefill_last_only_equals_the_last_row_of_the_full_computation(arch, compiled):
+    target = Target(tiny_model(arch, 97, seed=5), ByteTokenizer(), f"tiny-{arch}")
+    if compiled:  # the prefill of a compiled target runs eager: nothing compiles here
+        target = compile_target(target, CompileConfig(cache_len=64, query_sizes=(1,)))
+    ids = torch.randint(0, 97, (23,), generator=torch.Generator().manual_seed(1))
+    full = target.forward(ids, target.new_cache(), taps=(0, 2))
+    last = target.forward(ids, target.new_cache(), taps=(0, 2), last_only=True)
+    assert full.logits.shape == (23, 97) and last.logits.shape == (1, 97)
+    torch.testing.assert_close(last.logits, full.logits[-1:], rtol=1e-5, atol=1e-5)
+    assert torch.equal(last.taps, full.taps)
+
+
+def test_generate_prefills_with_the_last_logits_only(monkeypatch):
+    """generate asks for the last position's logits and decodes the same tokens as full-logit prefill."""
+    target = Target(tiny_model("qwen3", 97, seed=5), ByteTokenizer(), "tiny-qwen3")
+    ids = torch.randint(0, 97, (23,), generator=torch.Generator().manual_seed(1))
+    seen, real = [], Target.forward
+
+    def spy(self, ids, cache, **kwargs):
+        seen.append((ids.numel(), kwargs.get("last_only", False)))
+        return real(self, ids, cache, **{**kwargs, "last_only": False})
+    want = generate(target, ids, None, budget=1, max_new_tokens=6).tokens
+    monkeypatch.setattr(Target, "forward", spy)
+    assert generate(target, ids, None, budget=1, max_new_tokens=6).tokens == want
+    assert seen[0] == (23, True) and all(not last for _, last in seen[1:])

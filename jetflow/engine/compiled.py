@@ -166,10 +166,11 @@ class StaticKV:
         self.length = past_len + n
 
 
-def _run(model, cache_arg: str, cache, ids, positions, mask):
-    """ids, positions (1, P), mask (1, 1, P, cache_len) -> (logits (P, V), hidden (layers + 1, P, H))."""
+def _run(model, cache_arg: str, cache, ids, positions, mask, keep: int = 0):
+    """ids, positions (1, P), mask (1, 1, P, cache_len) -> (logits (P, V), or (keep, V) of the last ``keep``
+    positions, hidden (layers + 1, P, H))."""
     out = model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                output_hidden_states=True, **{cache_arg: cache})
+                output_hidden_states=True, logits_to_keep=keep, **{cache_arg: cache})
     return out.logits[0], torch.stack(out.hidden_states)[:, 0]
 
 
@@ -208,8 +209,9 @@ class StaticEngine:
         return self.graphs[size]
 
     def run(self, handle: StaticKV, ids: torch.Tensor, positions: torch.Tensor,
-            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids, positions (T,) after the live rows -> (logits (T, V), hidden (layers + 1, T, H))."""
+            mask: torch.Tensor | None, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids, positions (T,) after the live rows -> (logits (T, V), hidden (layers + 1, T, H)); ``last_only``
+        on a prefill (eager): logits (1, V) of the last position."""
         self.check(handle)
         past, size = handle.length, ids.numel()
         padded = size if past == 0 else self.config.padded(size)  # prefill runs eager at its own length
@@ -220,7 +222,7 @@ class StaticEngine:
             if layer.is_initialized:
                 layer.cumulative_length.fill_(past)
         if past == 0:
-            logits, hidden = self._eager(ids, positions, full)
+            logits, hidden = self._eager(ids, positions, full, keep=int(last_only))
         else:
             logits, hidden = timed_first_call(self.compile_s, padded, self.device, lambda: call_frozen(
                 self._graph(padded), self.config.freezing, self.device, ids, positions, full))
@@ -267,12 +269,14 @@ class CompiledTarget(Target):
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, cache: StaticKV, *, positions: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, taps: tuple[int, ...] = ()) -> Step:
+                mask: torch.Tensor | None = None, taps: tuple[int, ...] = (), last_only: bool = False) -> Step:
         """As ``Target.forward``; ``cache`` must come from this target's ``new_cache()``."""
         past = cache.get_seq_length()
         if positions is None:
             positions = torch.arange(past, past + ids.numel())
-        logits, hidden = self.engine.run(cache, ids.cpu(), positions.cpu(), mask)
+        logits, hidden = self.engine.run(cache, ids.cpu(), positions.cpu(), mask, last_only and past == 0)
+        if last_only:
+            logits = logits[-1:]
         tapped = hidden[[l + 1 for l in taps]].transpose(0, 1) if taps else None  # (T, L, H)
         return Step(logits.float(), tapped)
 

@@ -155,7 +155,7 @@ def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new
 
     t0 = time.perf_counter()
     cache = target.new_cache()
-    step = target.forward(ids, cache, taps=taps)
+    step = target.forward(ids, cache, taps=taps, last_only=True)  # the prefill: only its last logits are read
     out = [_pick(step.logits[-1], temperature, gen)]
     result = Result(prompt_ids=ids.tolist(), tokens=out, text="", prefill_s=time.perf_counter() - t0)
     state = proposer.start(ids) if proposer is not None else None
