@@ -26,7 +26,7 @@ from jetflow.training.taps import TapsConfig, cache_taps
 from jetflow.util.flags import add_flags, given
 
 from . import demo, gpu_check
-from .commands import (add_compile_flag, add_head_flags, add_output_flags, add_quiet_flag, cmd_bench, cmd_correction_cost,
+from .commands import (add_compile_flag, add_head_flags, add_plan_flag, add_output_flags, add_quiet_flag, cmd_bench, cmd_correction_cost,
                        cmd_cost, cmd_curve, cmd_diagnose, cmd_generate, cmd_pack, cmd_profile, cmd_replay,
                        cmd_throughput, cmd_train, cmd_train_correction, cmd_unpack, generate_flags, pack_flags,
                        unpack_flags)
@@ -172,7 +172,7 @@ COMMANDS = (
                    lambda p: add_flags(p, TrainConfig, set_flag=True)), cmd_train),
     Command("bench", "tau and speedup tables: methods x datasets x budgets",
             _flags(_preset(" or ".join(bench.PRESETS) + " (default: cpu, the embedded target)"), bench.BenchConfig,
-                   add_head_flags, add_output_flags, add_compile_flag), cmd_bench),
+                   add_head_flags, add_output_flags, add_compile_flag, add_plan_flag), cmd_bench),
     Command("replay", "exact greedy tau of every tree from one AR decode",
             _flags(replay.ReplayConfig, add_head_flags, add_output_flags), cmd_replay),
     Command("profile", "the head's acceptance profile from training prompts",

@@ -20,7 +20,7 @@ from jetflow.drafting.head import DraftHead
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.decode import check_temperature, generate
 from jetflow.engine.load import DEVICE_HELP, THINKING_HELP, load_for_run, load_target
-from jetflow.evaluation import bench, budget, replay
+from jetflow.evaluation import bench, budget, plan, replay
 from jetflow.evaluation.rows import write_rows
 from jetflow.results import correction_cost, curve, diagnose, throughput
 from jetflow.training import correction_train
@@ -66,6 +66,11 @@ def add_compile_flag(parser) -> None:
     parser.add_argument("--cache-len", type=int, default=None, metavar="ROWS",
                         help="with --compile: the static KV cache's rows (default: sized from the run, the longest "
                              "prompt + max new tokens + the largest budget + 1, rounded up to 256)")
+
+
+def add_plan_flag(parser) -> None:
+    parser.add_argument("--plan", action="store_true", help="print prompts x methods x budgets and a rough time, "
+                        "then stop (loads no model, head or prompt)")
 
 
 def _check_cache_len(args) -> None:
@@ -224,6 +229,9 @@ def cmd_train(args) -> int:
 # ----------------------------------------------------------------------------- measuring
 def cmd_bench(args) -> int:
     cfg = bench.BenchConfig.from_name(args.preset, **given(args, bench.BenchConfig), heads=_heads(args))
+    if args.plan:  # loads nothing: counts, configurations and a rough cost
+        print(plan.plan_text(cfg, args.preset))
+        return 0
     _check_cache_len(args)
     _check_io(args, cfg)
     prompts = checks.prompt_source(lambda: bench.prompt_sets(cfg))

