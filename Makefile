@@ -21,8 +21,12 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m jetflow demo
 
+# Two pytest-xdist workers, one torch thread each (two 2-thread processes on 2 cores oversubscribe them); --dist
+# loadfile keeps every file on one worker, in order: a notebook's cells share one kernel, a module's fixtures load
+# once. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests notebooks --nbval-lax --nbval-current-env
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests notebooks --nbval-lax --nbval-current-env
 
 notebooks: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

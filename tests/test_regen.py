@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 import jetflow.data.regenerate as regeneration
-import jetflow.engine.load
 from jetflow.util import jsonl
 from jetflow.cli import build_parser, main
 from jetflow.data.prompts import TRAINING_SOURCES, _training_pool, training_pool
@@ -22,7 +21,9 @@ from fakes import CharTokenizer, tiny_model
 @pytest.fixture
 def tiny(monkeypatch):
     target = Target(tiny_model("llama", 61, seed=2), CharTokenizer(61), "tiny-char")
-    monkeypatch.setattr(jetflow.engine.load, "load_target", lambda *a, **k: target)
+    # where regenerate_files looks the loader up (its module imported the name; patching
+    # jetflow.engine.load alone left the embedded SmolLM2 answering every prompt)
+    monkeypatch.setattr(regeneration, "load_target", lambda *a, **k: target)
     monkeypatch.setenv("JETFLOW_DATA_DIR", "fixtures")
     return target
 
@@ -64,6 +65,7 @@ def test_regenerate_all_in_chunks_writes_nested_parts_with_headers_and_commands(
         assert header["prompts"] == len(chunk(pool, k, 3))
         assert {r["id"] for r in load_regenerated(f)} == {p["id"] for p in chunk(pool, k, 3)}
         assert all(1 <= len(r["response_ids"]) <= 2 for r in load_regenerated(f))
+        assert all(t < 61 for r in load_regenerated(f) for t in r["response_ids"])  # the tiny target answered
         meta = json.loads(f.with_name(f.name + ".meta.json").read_text())
         argv = shlex.split(meta["command"])
         assert argv[:6] == ["python", "-m", "jetflow", "regenerate", "--n", "0"] and "--chunks" in argv
