@@ -28,6 +28,16 @@ def test_ancestor_mask_matches_loop_reference(seed):
     assert torch.equal(ancestor_mask(tree.parents), ref_ancestors(tree.parents.tolist()))
 
 
+@pytest.mark.parametrize("n", [1, 2, 17, 64])
+def test_ancestor_mask_of_a_chain_and_a_star(n):
+    """The deepest tree (a chain: depth n-1) and the shallowest (a star: depth 1) against the loop reference."""
+    chain_parents, star_parents = [-1] + list(range(n - 1)), [-1] + [0] * (n - 1)
+    for parents in (chain_parents, star_parents):
+        tree = Tree.from_lists(list(range(n)), parents)
+        assert torch.equal(ancestor_mask(tree.parents), ref_ancestors(parents))
+    assert torch.equal(ancestor_mask(torch.tensor(chain_parents)), torch.ones(n, n, dtype=torch.bool).tril())
+
+
 def test_hand_worked_tree():
     #        0(root)
     #       /   \

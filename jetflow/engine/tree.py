@@ -58,12 +58,19 @@ class Tree:
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
-    """(N+1, N+1) bool, self-inclusive: mask[i, j] is True when node j is node i or its ancestor."""
+    """(N+1, N+1) bool, self-inclusive: mask[i, j] is True when node j is node i or its ancestor. Every node
+    climbs one level per step, all at once on the parents' device: depth + 1 steps, not one per node."""
     n = parents.numel()
-    mask = torch.eye(n, dtype=torch.bool, device=parents.device)
-    for i in range(1, n):  # parents come first, so row parents[i] is already complete
-        mask[i] |= mask[parents[i]]
-    return mask
+    rows = torch.arange(n, device=parents.device)
+    up = parents.clamp(min=0)  # the root is its own parent here, so a finished climb stays put
+    mask = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
+    node = rows
+    while True:
+        mask[rows, node] = True
+        nxt = up[node]
+        if torch.equal(nxt, node):  # every node has reached the root
+            return mask
+        node = nxt
 
 
 def positions(tree: Tree, past_len: int) -> torch.Tensor:
