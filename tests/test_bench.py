@@ -272,7 +272,7 @@ def test_qwen3_preset_values():
     cfg = bench.resolve_preset("qwen3-8b", {})
     assert cfg["model"] == "Qwen/Qwen3-8B" and cfg["dtype"] == "bfloat16" and cfg["max_new_tokens"] == 3072
     assert cfg["budgets"] == (15, 31, 63, 127, 255) and cfg["auto"] is False
-    # the paper counts the root: its 16/32/64/128/256 verified nodes (review row 5)
+    # the paper counts the root: its 16/32/64/128/256 verified nodes (docs/gpu.md)
     assert tuple(b + 1 for b in cfg["budgets"]) == (16, 32, 64, 128, 256)
     assert cfg["datasets"] == ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
     assert cfg["chat_template_kwargs"] == {"enable_thinking": False}

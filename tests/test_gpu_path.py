@@ -1,5 +1,5 @@
-"""The GPU path's loud failures and silent mismatches, retired on a CPU with tiny random targets
-(docs: /work/shared/docs/GPU_REVIEW.md rows 2, 4-8): a run-sized compiled cache, thinking off for
+"""The GPU path's loud failures and silent mismatches, retired on a CPU with tiny random targets (docs/gpu.md,
+docs/compiled.md): a run-sized compiled cache, thinking off for
 Qwen3-style chat templates, the paper's budgets, last-position prefill logits, gpu-check without the
 embedded model."""
 import pytest
