@@ -19,7 +19,7 @@ from jetflow.drafting import methods as registry
 from jetflow.drafting.head import DraftHead
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.decode import check_temperature, generate
-from jetflow.engine.load import DEVICE_HELP, THINKING_HELP, load_for_run, load_target
+from jetflow.engine.load import DEVICE_HELP, NO_THINKING, THINKING_HELP, load_for_run, load_target
 from jetflow.evaluation import bench, budget, plan, replay
 from jetflow.evaluation.rows import write_rows
 from jetflow.results import correction_cost, curve, diagnose, throughput
@@ -85,8 +85,7 @@ def add_thinking_flags(parser) -> None:
     pair = parser.add_mutually_exclusive_group()
     pair.add_argument("--thinking", dest="thinking", action="store_const", const=True, default=None,
                       help=THINKING_HELP)
-    pair.add_argument("--no-thinking", dest="thinking", action="store_const", const=False,
-                      help="thinking off (the default where the template knows the switch)")
+    pair.add_argument(NO_THINKING[0], dest="thinking", action="store_const", const=False, help=NO_THINKING[1])
 
 
 def _heads(args) -> dict[str, str]:

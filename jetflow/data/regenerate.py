@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from jetflow.engine.load import DEVICE_HELP, EMBEDDED, THINKING_HELP, load_target
+from jetflow.engine.load import DEVICE_HELP, EMBEDDED, NO_THINKING, THINKING_HELP, load_target
 from jetflow.util import checks, jsonl
 from jetflow.util.flags import command_line, option
 from jetflow.util.paths import cache_dir
@@ -49,8 +49,7 @@ class RegenerateConfig:
     model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
     dtype: str = option("bfloat16", "the target's dtype")
     device: str | None = option(None, DEVICE_HELP)
-    thinking: bool | None = option(None, THINKING_HELP, negate=("--no-thinking", "thinking off (the default where "
-                                                                "the template knows the switch)"))
+    thinking: bool | None = option(None, THINKING_HELP, negate=NO_THINKING)
     data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
 
 

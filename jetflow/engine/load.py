@@ -20,6 +20,7 @@ from .target import Target, check_supported
 EMBEDDED = "smollm2-135m"  # name of the embedded default target
 THINKING_HELP = ("a chat template with an enable_thinking switch (Qwen3) thinks: off by default, as the "
                  "published heads were trained (chat_kwargs_for)")
+NO_THINKING = ("--no-thinking", "thinking off (the default where the template knows the switch)")  # flag, help
 DEVICE_HELP = "where the target runs, e.g. cuda or cuda:1 (default: the CPU)"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -54,7 +54,7 @@ from .rows import write_rows as write
 from .journal import Journal, head_fingerprint, journal_settings, text_sha
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.target import Target
-from jetflow.engine.load import DEVICE_HELP, DTYPES, THINKING_HELP
+from jetflow.engine.load import DEVICE_HELP, DTYPES, NO_THINKING, THINKING_HELP
 
 
 
@@ -269,8 +269,7 @@ class BenchConfig:
     dtype: str = option("float32", "the target's dtype (fp32: greedy output must equal AR exactly)",
                         choices=tuple(DTYPES))
     device: str | None = option(None, DEVICE_HELP)
-    thinking: bool | None = option(None, THINKING_HELP, negate=("--no-thinking", "thinking off (the default where "
-                                                                "the template knows the switch)"))
+    thinking: bool | None = option(None, THINKING_HELP, negate=NO_THINKING)
     methods: tuple[str, ...] = option(("ar", "hf", "hf-lookup", "lookup", "jetflow", "dflash", "ddtree"),
                                       "comma list: " + ",".join(registry.names()))
     datasets: tuple[str, ...] = option(BENCHMARKS, "comma list: " + ",".join(DATASETS))

@@ -42,7 +42,7 @@ from jetflow.util.paths import shipped_head_dir
 from jetflow.util.hardware import environment
 from .rows import REPLAY_NOTE, write_rows
 from .rows import replay_markdown as to_markdown  # replay.to_markdown: the CLI's and notebooks' name
-from jetflow.engine.load import DEVICE_HELP, THINKING_HELP
+from jetflow.engine.load import DEVICE_HELP, NO_THINKING, THINKING_HELP
 from jetflow.engine.tree import Tree
 from jetflow.drafting.builders import BUILDERS, tree_builder
 from jetflow.engine.verify import greedy_accept
@@ -64,8 +64,7 @@ class ReplayConfig:
     prompts_file: str | None = option(None, 'JSONL of {"id", "prompt"} per line (instead of --datasets)')
     model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
     device: str | None = option(None, DEVICE_HELP)
-    thinking: bool | None = option(None, THINKING_HELP, negate=("--no-thinking", "thinking off (the default where "
-                                                                "the template knows the switch)"))
+    thinking: bool | None = option(None, THINKING_HELP, negate=NO_THINKING)
     data_dir: str | None = option(None, "offline data folder (default: $JETFLOW_DATA_DIR, else the hub)")
     cache: str | None = option(None, "folder for the AR answers (resumable; default: the jetflow cache)")
     heads: dict = field(default_factory=dict)  # head kind -> directory or hub id; empty: the shipped heads
