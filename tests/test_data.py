@@ -127,7 +127,7 @@ def test_training_sources_have_hub_sources(monkeypatch):
     code = sorted(training_prompts(2, mix=(("code", 1.0),)), key=lambda p: p["id"])
     assert [p["id"] for p in code] == ["gpteacher-codegen:0", "mbpp-train:601"]   # the near-MBPP one dropped
     assert code[0]["prompt"] == "Write a function to reverse a string.\n\n'abc'"
-    assert code[1]["prompt"] == data.mbpp_prompt("Find the longest chain of pairs.", ["assert f()"])
+    assert code[1]["prompt"] == data.mbpp_train_prompt("Find the longest chain of pairs.", ["assert f()"])
     assert calls[0] == data.HUB["chat"] and data.HUB["code"] in calls
     with pytest.raises(ValueError, match="'code' has 2 prompts, 3 requested"):
         training_prompts(3, mix=(("code", 1.0),))
@@ -186,9 +186,11 @@ def test_prompt_source():
     ("gsm8k", ["gsm8k:0", "gsm8k:1", "gsm8k:2"], "Test question 0?" + MATH_SUFFIX),
     ("math500", ["math500:test/algebra/1.json"], "What is $1+1$?" + MATH_SUFFIX),
     ("humaneval", ["humaneval:7"],
-     "Complete the following Python function:\n```python\ndef f(x):\n    \"\"\"Double.\"\"\"\n```"),
-    ("mbpp", ["mbpp:11", "mbpp:510"], "You are an expert Python programmer, and here is your task: Task 11. "
-                                      "Your code should pass these tests:\n\nassert a()\nassert b()"),
+     "Write a solution to the following problem and make sure that it passes the tests:\n"
+     "```python\ndef f(x):\n    \"\"\"Double.\"\"\"\n\n```"),
+    ("mbpp", ["mbpp:11", "mbpp:510"], "You are an expert Python programmer. Write a solution to the following "
+                                      "task and make sure it passes the tests:\nTask 11.\nYour code should pass "
+                                      "these tests:\nassert a()\nassert b()"),
     ("mt_bench", ["mt_bench:81", "mt_bench:82"], "First turn 0."),
     ("spec_bench", ["spec_bench:81", "spec_bench:82"], "First turn 0."),
 ])

@@ -169,7 +169,8 @@ def code_prompts(gpteacher: list[dict], mbpp_train: list[dict], held_out: list[s
     items = [(f"gpteacher-codegen:{i}", r["instruction"],
               r["instruction"] + (f"\n\n{r['input']}" if (r.get("input") or "").strip() else ""))
              for i, r in enumerate(gpteacher)]
-    items += [(f"mbpp-train:{r['task_id']}", r["text"], mbpp_prompt(r["text"], r["test_list"])) for r in mbpp_train]
+    items += [(f"mbpp-train:{r['task_id']}", r["text"], mbpp_train_prompt(r["text"], r["test_list"]))
+              for r in mbpp_train]
     keep = [{"id": pid, "prompt": prompt} for pid, task, prompt in items
             if not any(word_jaccard(task, h) >= 0.6 for h in held_out)]
     return _filtered(keep)
@@ -193,13 +194,27 @@ def math_prompt(question: str) -> str:
     return question.strip() + MATH_SUFFIX
 
 
+# The benchmark wordings are JetSpec's (hao-ai-lab/JetSpec bench/engine/tps_walltime.py, `_load_prompt_bank`), whose
+# engine measured the paper's numbers: the task text verbatim, no stripping. MT-Bench is the first turn as it is.
+HUMANEVAL_FORMAT = ("Write a solution to the following problem and make sure that it passes the tests:\n"
+                    "```python\n{prompt}\n```")
+MBPP_FORMAT = ("You are an expert Python programmer. Write a solution to the following task and make sure it "
+               "passes the tests:\n{text}\nYour code should pass these tests:\n{tests}")
+
+
 def humaneval_prompt(code: str) -> str:
-    """A HumanEval signature + docstring as a completion request."""
-    return f"Complete the following Python function:\n```python\n{code.rstrip()}\n```"
+    """A HumanEval signature + docstring (kept as it is, trailing newline included) as a solution request."""
+    return HUMANEVAL_FORMAT.format(prompt=code)
 
 
 def mbpp_prompt(text: str, tests: list[str]) -> str:
-    """The MBPP prompt of Austin et al. (2021): task text, then the asserts one per line."""
+    """A benchmark MBPP task: the task text, then its asserts one per line."""
+    return MBPP_FORMAT.format(text=text, tests="\n".join(tests))
+
+
+def mbpp_train_prompt(text: str, tests: list[str]) -> str:
+    """The MBPP prompt of Austin et al. (2021), the training code prompts' format (MBPP train tasks, as the
+    offline folder built them): task text, then the asserts one per line."""
     asserts = "\n".join(tests)
     return (f"You are an expert Python programmer, and here is your task: {text} "
             f"Your code should pass these tests:\n\n{asserts}")
