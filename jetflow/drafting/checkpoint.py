@@ -182,16 +182,34 @@ def save(head: nn.Module, directory, dtype: torch.dtype = torch.bfloat16) -> Pat
     return out
 
 
+SUBFOLDER = "::"  # "repo::subfolder": a head in a subfolder of a repo or directory (JetSpec's load_draft_head form)
+
+
 def read(path_or_hub_id: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json dict, weights by name) of a local directory, else of a Hugging Face hub id (config and
-    safetensors only)."""
-    path = Path(path_or_hub_id)
-    if not path.is_dir():
-        path = download(str(path_or_hub_id))
+    safetensors only); ``"repo::sub"`` reads the head in the subfolder ``sub`` of either."""
+    source, _, sub = str(path_or_hub_id).partition(SUBFOLDER)
+    root = Path(source)
+    if not root.is_dir():
+        root = download(source, sub)
+    path = root / sub if sub else root
+    if not (path / CONFIG_FILE).is_file():
+        raise ValueError(_no_config(path_or_hub_id, path))
     weights = {}
     for file in sorted(path.glob(WEIGHT_FILES)):
         weights |= load_file(str(file))
+    if not weights:
+        raise ValueError(f"head {path_or_hub_id!r} has a config.json but no {WEIGHT_FILES} beside it in {path}")
     return json.loads((path / CONFIG_FILE).read_text()), weights
+
+
+def _no_config(source: str, path: Path) -> str:
+    """Why ``path`` holds no head, naming the subfolders that do (to be read as ``repo::subfolder``)."""
+    subs = sorted(p.parent.relative_to(path).as_posix() for p in path.glob(f"*/**/{CONFIG_FILE}")) \
+        if path.is_dir() else []
+    hint = (f"; its subfolders {subs} hold one: name it as '{source}{SUBFOLDER}{subs[0]}'" if subs
+            else "; a head in a subfolder is named 'repo::subfolder'")
+    return f"head {source!r}: no {CONFIG_FILE} in {path}{hint}"
 
 
 def load_weights(head: nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
@@ -219,13 +237,24 @@ def check_draft_vocab(vocab: torch.Tensor, vocab_size: int) -> None:
         raise ValueError("draft_vocab lists a token id more than once")
 
 
-def download(hub_id: str) -> Path:
+HUB_ERROR_PACKAGES = ("huggingface_hub", "httpx", "httpx2", "requests", "urllib3")  # where download errors come from
+
+
+def download(hub_id: str, subfolder: str = "") -> Path:
+    """The cached (or downloaded) snapshot folder of ``hub_id``, holding its config and safetensors only
+    (those of ``subfolder`` when given). Any failure of the hub client, offline or online (a missing repo, no
+    network, ``HF_HUB_OFFLINE`` with nothing cached, a revision or transfer error), is one ValueError."""
     from huggingface_hub import snapshot_download
+    prefix = f"{subfolder.strip('/')}/" if subfolder else ""
     try:
-        return Path(snapshot_download(hub_id, allow_patterns=[CONFIG_FILE, "*.safetensors"]))
-    except (OSError, ValueError) as err:
+        return Path(snapshot_download(hub_id, allow_patterns=[prefix + CONFIG_FILE, prefix + "*.safetensors"]))
+    except Exception as err:  # the hub client raises its own, httpx's and OS errors: all mean "not available"
+        if not isinstance(err, (OSError, ValueError)) and \
+                type(err).__module__.split(".")[0] not in HUB_ERROR_PACKAGES:
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"{hub_id!r} is not a local directory and could not be downloaded from the "
-                         f"Hugging Face hub: {str(err).splitlines()[0]}") from err
+                         f"Hugging Face hub ({type(err).__name__}: {first})") from err
 
 
 # ----------------------------------------------------------------------------- head <-> target
