@@ -253,3 +253,74 @@ def test_a_regeneration_records_the_chat_switches_so_resuming_cannot_mix_them(sw
     assert off["chat_kwargs"] == {"enable_thinking": False} and on["chat_kwargs"] == {"enable_thinking": True}
     plain = Target(tiny_model("llama", 50, layers=1), ByteTokenizer(), "plain")
     assert "chat_kwargs" not in regen_settings(plain, prompts, 8, 64)  # headers without switches stay as they were
+
+
+# ----------------------------------------------------------------------------- hub loading corner cases (T1, F13)
+def tiny_head():
+    from jetflow.drafting.head import DraftHead, HeadConfig
+    return DraftHead(HeadConfig(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
+                                head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=50, block_size=4,
+                                target_layer_ids=(1,), num_target_layers=4, mask_token_id=49, causal=True))
+
+
+def test_a_head_in_a_subfolder_loads_as_repo_double_colon_subfolder(tmp_path):
+    from jetflow.drafting.head import DraftHead
+    head = tiny_head()
+    head.save_pretrained(tmp_path / "sweep" / "cell-a", dtype=torch.float32)
+    loaded = DraftHead.from_pretrained(f"{tmp_path / 'sweep'}::cell-a")
+    assert loaded.config == head.config
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), head.state_dict().values()))
+    with pytest.raises(ValueError, match="its subfolders \\['cell-a'\\] hold one: name it as '.*sweep::cell-a'"):
+        DraftHead.from_pretrained(str(tmp_path / "sweep"))
+    with pytest.raises(ValueError, match="no config.json in .*cell-b; a head in a subfolder is named"):
+        DraftHead.from_pretrained(f"{tmp_path / 'sweep'}::cell-b")
+
+
+def hub_failure(err):
+    def snapshot_download(repo_id, **kwargs):
+        raise err
+    return snapshot_download
+
+
+@pytest.mark.parametrize("module,name,text", [
+    ("httpx2", "ConnectError", "no route to huggingface.co"),          # the hub client's HTTP library: no OSError
+    ("huggingface_hub.errors", "XetDownloadError", "transfer failed"),
+    ("huggingface_hub.errors", "LocalEntryNotFoundError", "offline, not cached"),
+    ("builtins", "OSError", "disk full"),
+])
+def test_every_hub_client_failure_is_one_clear_error(module, name, text, monkeypatch):
+    import huggingface_hub
+
+    from jetflow.drafting import checkpoint
+    err = getattr(pytest.importorskip(module), name)(text)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub_failure(err))
+    with pytest.raises(ValueError) as info:
+        checkpoint.read("JetSpec/jetspec-qwen3-8b")
+    message = str(info.value)
+    assert message.startswith("'JetSpec/jetspec-qwen3-8b' is not a local directory and could not be downloaded")
+    assert f"({type(err).__name__}: {str(err).splitlines()[0]})" in message and "\n" not in message
+
+
+def test_a_bug_outside_the_hub_client_is_not_disguised_as_a_download_failure(monkeypatch):
+    import huggingface_hub
+
+    from jetflow.drafting import checkpoint
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub_failure(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        checkpoint.read("JetSpec/jetspec-qwen3-8b")
+
+
+def test_a_subfolder_of_a_hub_id_downloads_only_that_subfolder(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    from jetflow.drafting import checkpoint
+    tiny_head().save_pretrained(tmp_path / "cell-a", dtype=torch.float32)
+    asked = {}
+
+    def snapshot_download(repo_id, allow_patterns=None):
+        asked.update(repo_id=repo_id, allow_patterns=allow_patterns)
+        return str(tmp_path)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    config, weights = checkpoint.read("JetSpec/sweep::cell-a")
+    assert asked == {"repo_id": "JetSpec/sweep", "allow_patterns": ["cell-a/config.json", "cell-a/*.safetensors"]}
+    assert config["dflash_config"]["mask_token_id"] == 49 and "fc.weight" in weights

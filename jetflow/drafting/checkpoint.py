@@ -7,7 +7,8 @@ it reads and writes dicts and works on any head with ``config`` and ``state_dict
 A checkpoint is a directory with ``config.json`` (a Hugging Face Qwen3 config plus the DFlash fields)
 and ``*.safetensors`` keyed ``layers.{i}.*``, ``fc``, ``hidden_norm``, ``norm`` (plus ``draft_vocab``,
 this kit's extension, when the head drafts a reduced vocabulary). ``z-lab/Qwen3-8B-DFlash-b16``,
-``JetSpec/jetspec-qwen3-8b`` and the ``dflash`` PyPI package's ``save_pretrained`` all write it.
+``JetSpec/jetspec-qwen3-8b`` and the ``dflash`` PyPI package's ``save_pretrained`` all write it. A head in a
+subfolder of a repo or directory (one head per folder, as in a sweep) is named ``"repo::subfolder"``.
 
 Dialects read (and, for the flags, all written with one value, so every reader agrees):
 - the causal flag: ``dflash_config.causal_head`` (JetSpec), ``dflash_config.causal`` (vLLM) and a
