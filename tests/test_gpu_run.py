@@ -203,3 +203,18 @@ def test_gpu_check_runs_where_gguf_and_smollm2_cannot_be_imported(tmp_path):
     assert embedded["ok"] and embedded["data"] == {"skipped": True} and "gguf" in embedded["detail"]
     assert all(c["ok"] for c in checks.values())
     assert "skip embedded SmolLM2 check: skipped:" in done.stdout
+
+
+def test_the_device_review_projects_the_quick_run_from_measured_round_times():
+    """tools/gpu_review.py runs only on CUDA; its projection of the quick preset is plain arithmetic, checked here."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_review", ROOT / "tools" / "gpu_review.py")
+    review = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(review)
+    rounds = {f"{m}@{b}": {"draft_ms": 5.0, "verify_ms": 35.0} for m in ("dflash", "ddtree", "jetflow") for b in (15, 255)}
+    got = review.quick_projection({"ar": {"tokens_per_s": 32.0}, **rounds})
+    per = got["per_prompt_s"]
+    assert per["ar"] == 8.0 and "dflash@255" not in per  # the chain's 255 reuses its 15 runs
+    assert per["jetflow@255"] == round(256 / ((8.62 + 10.76) / 2) * 0.040, 2)
+    assert per["ddtree@15"] == round(256 / review.ASSUMED_TAU * 0.040, 2)  # no DDTree at 16 in the paper
+    assert got["decode_min"] == round(10 * sum(per.values()) / 60, 1)
