@@ -86,6 +86,16 @@ clean:
 gpu-check: $(STAMP)
 	$(PY) -m jetflow gpu-check --out data/results/gpu-check.json
 
+# The quick reproduction on one CUDA GPU with hub access (docs/gpu.md, preset qwen3-8b-quick): Qwen3-8B in bf16 with
+# JetSpec's and z-lab's published heads (~20.6 GB to download first, ~3 min at 100 MB/s), 5 GSM8K + 5 MATH-500
+# prompts, 256 new tokens, AR vs DFlash vs DDTree vs JetFlow at the paper's budgets 16 and 256 (kit 15 and 255):
+# about 5 minutes on one H100/H200 by the plan it prints first (an estimate; not yet run on a GPU). Rows and table,
+# with tau and speedup beside the paper's, in data/results/gpu-quick/; rerunning resumes from its journal.
+.PHONY: gpu-quick
+gpu-quick: $(STAMP)
+	$(PY) -m jetflow bench --preset qwen3-8b-quick --plan
+	$(PY) -m jetflow bench --preset qwen3-8b-quick --out data/results/gpu-quick
+
 # Screenshots of the notebooks as a browser shows them (JupyterLab + headless Chromium, smoke mode):
 # every key figure of notebooks 00, 01, 02, 03 and 05 as notebooks/figures/*.png (the notebooks show them for readers
 # without a kernel), and the explorer before and after a dropdown change and a node click, checked to change what

@@ -41,6 +41,7 @@ from jetflow.engine.target import Target, keep_path
 from jetflow.engine.load import embedded_missing, load_target
 from jetflow.drafting.builders import accum_logp
 from jetflow.engine.verify import tree_attention_mask
+from jetflow.evaluation.paper import PUBLISHED  # (method, paper budget) -> {dataset: (paper speedup, tau)}
 
 HEAD_METHODS = registry.names(lambda m: m.head is not None and not m.lookup_merged)  # the plain head methods
 NEUTRAL_PROFILE = Counts(15, 8).profile()  # no measurements: each log-prob bin reads as its own probability
@@ -48,21 +49,6 @@ NEUTRAL_PROFILE = Counts(15, 8).profile()  # no measurements: each log-prob bin 
 # test that its trees are verified losslessly, whatever size it stops at; speed comes from the timing checks)
 LINEAR_COST = CostCurve({1: 1.0, 256: 9.0}, draft=0.1)
 
-# The JetFlow/JetSpec paper (arXiv 2606.18394, "Breaking the Scaling Ceiling of Speculative Decoding with
-# Parallel Tree Drafting"), headline table: Qwen3-8B on an H100, greedy. Copied as data:
-# (method, paper budget = verified tokens, root included) -> {dataset: (paper speedup, tau)}.
-PUBLISHED = {
-    ("dflash", 16): {"gsm8k": (4.80, 6.01), "math500": (6.12, 7.83), "humaneval": (4.14, 5.18),
-                     "mbpp": (3.96, 4.98), "mt_bench": (2.72, 4.03)},
-    ("ddtree", 256): {"gsm8k": (7.04, 7.77), "math500": (8.78, 9.81), "humaneval": (6.31, 6.96),
-                      "mbpp": (6.09, 6.70), "mt_bench": (4.26, 5.41)},
-    ("jetflow", 16): {"gsm8k": (4.80, 6.00), "math500": (6.06, 7.75), "humaneval": (4.26, 5.32),
-                      "mbpp": (3.97, 4.96), "mt_bench": (2.68, 3.98)},
-    ("jetflow", 64): {"gsm8k": (5.98, 6.56), "math500": (6.76, 7.42), "humaneval": (5.53, 6.06),
-                      "mbpp": (5.34, 5.88), "mt_bench": (3.97, 4.77)},
-    ("jetflow", 256): {"gsm8k": (7.82, 8.62), "math500": (9.64, 10.76), "humaneval": (7.12, 7.78),
-                       "mbpp": (6.73, 7.43), "mt_bench": (4.58, 5.94)},
-}
 VERIFY_TOKENS = (16, 32, 64, 128, 256)  # tree sizes timed, root included
 SHAPES = {  # target shape + head layers; "tiny" runs the whole script on a CPU in seconds
     "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,

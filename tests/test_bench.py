@@ -312,7 +312,7 @@ def test_qwen3_preset_wires_heads_into_proposers(monkeypatch):
     """The preset's heads reach make_proposer by head kind (ddtree reads the dflash head)."""
     seen = []
 
-    def fake_make_proposer(method, target, *, head=None):
+    def fake_make_proposer(method, target, *, head=None, **kwargs):
         seen.append((method, head))
         return LookupProposer()
 
@@ -338,7 +338,7 @@ def test_budgets_past_max_drafts_share_one_set_of_runs(target, monkeypatch):
     from jetflow.drafting.proposers import LookupProposer
 
     capped = LookupProposer(max_len=3, max_matches=1)  # stands in for the dflash chain: at most 3 drafts
-    monkeypatch.setattr(bench, "make_proposer", lambda m, t, head=None: capped)
+    monkeypatch.setattr(bench, "make_proposer", lambda m, t, head=None, **kw: capped)
     calls, real = [], bench.run_config
     monkeypatch.setattr(bench, "run_config", lambda *a: calls.append(a[1].budget) or real(*a))
     rows = bench.run(target, ["dflash"], PROMPTS, [2, 3, 16, 64], max_new_tokens=6, progress=False,

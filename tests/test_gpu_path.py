@@ -227,8 +227,9 @@ def test_bench_plan_prints_the_grid_and_starts_nothing(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "gsm8k 1319, math500 500, humaneval 164, mbpp 500, mt_bench 80 = 2563" in out
     assert "ar; dflash@15,31,63,127,255; ddtree@15,31,63,127,255; jetflow@15,31,63,127,255 = 16" in out
-    assert "2563 prompts x 16 configurations = 41008 decodes" in out
-    assert "rough time: ~" in out and "nothing was started" in out
+    assert "(dflash@31, dflash@63, dflash@127, dflash@255: the same runs as at 15 drafts, a chain's most)" in out
+    assert "2563 prompts x 12 decoded configurations = 30756 decodes" in out
+    assert "rough GPU time (one GPU): ~" in out and "nothing was started" in out
     assert main(["bench", "--preset", "qwen3-8b", "--plan", "--limit", "3", "--datasets", "gsm8k",
                  "--methods", "ar,jetflow", "--budgets", "63"]) == 0
     assert "gsm8k 3 = 3" in capsys.readouterr().out

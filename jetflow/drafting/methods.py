@@ -159,13 +159,29 @@ def describe() -> str:
                      for m in _REGISTRY)
 
 
+def load_head(path, dtype: torch.dtype, device, loaded: dict | None = None) -> DraftHead:
+    """The ``DraftHead`` at ``path`` (a directory or hub id, any published dialect) in ``dtype`` on ``device``.
+
+    ``loaded``: a dict one run keeps, (path, dtype, device) -> head; a head already in it is returned as is
+    (the same object), so methods that draft with the same checkpoint (``dflash`` and ``ddtree`` on z-lab's
+    head) hold one copy of its weights. The head is read-only while drafting (its K/V lives in each
+    proposer's state), so sharing it changes no output."""
+    key = (str(path), dtype, str(torch.device(device)))
+    if loaded is not None and key in loaded:
+        return loaded[key]
+    draft = DraftHead.from_pretrained(str(path), dtype=dtype).to(device)
+    if loaded is not None:
+        loaded[key] = draft
+    return draft
+
+
 def make_proposer(method: str, target, *, head: str | None = None, width: int = 7,
-                  draft_dtype: torch.dtype | None = None):
+                  draft_dtype: torch.dtype | None = None, loaded: dict | None = None):
     """Proposer for a registered method (``ar`` -> None): a training-free one from its entry, else its head
     kind's head (``head``: a directory or hub id, default: the head shipped for the embedded target) in
     ``draft_dtype`` (default: ``default_draft_dtype(target)``) under its tree builder, with the acceptance
     profile, the path correction and the cost curve saved beside the head (if any) and lookup branches
-    merged in when the entry says so."""
+    merged in when the entry says so. ``loaded``: heads already read in this run (``load_head``), shared."""
     check([method])
     m = METHODS[method]
     if m.proposer is not None:
@@ -175,8 +191,7 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
             return None  # ar: every tree is the root alone
         raise ValueError(f"{method!r} runs transformers' own generate; it has no proposer")
     path = head or shipped_head_dir(m.head)
-    draft = DraftHead.from_pretrained(str(path), dtype=draft_dtype or default_draft_dtype(target))
-    draft = draft.to(target.device)
+    draft = load_head(path, draft_dtype or default_draft_dtype(target), target.device, loaded)
     check_compatible(draft.config, target.config)
     correction = load_correction(path)
     proposer = HeadProposer(draft, target, m.builder, width, load_profile(path),

@@ -48,6 +48,7 @@ from jetflow.engine.decode import check_temperature, generate
 from jetflow.util.flags import comma_list, option
 from jetflow.engine.metrics import PromptRun, RoundStat, predicted_speedups, summarize
 from jetflow.util.hardware import environment
+from jetflow.util.paths import shipped_head_dir
 from .rows import CHAIN_NOTE, HF_NOTE
 from .rows import bench_markdown as to_markdown  # bench.to_markdown / bench.write: the notebooks' names
 from .rows import write_rows as write
@@ -66,12 +67,13 @@ class Variant:
     budget: int | None         # None for budget-free methods
     proposer: object = None    # None for ar and hf methods
     same_as: int | None = None  # index of an earlier variant drafting the very same trees (not rerun)
+    head: str | None = None     # the head it drafts with: hub id or folder (a shipped one by its name)
 
 
 def variants(target: Target, methods: Sequence[str], budgets, heads=None) -> list[Variant]:
     """AR first, then each method in the given order; ``budgets`` is a list or method -> list."""
     registry.check(methods)
-    out = [Variant("ar", None)]
+    out, loaded = [Variant("ar", None)], {}  # loaded: one copy of each head, shared by its methods
     for m in dict.fromkeys(methods):
         if registry.method(m).budget_free and m != "ar":
             out.append(Variant(m, None))
@@ -79,11 +81,14 @@ def variants(target: Target, methods: Sequence[str], budgets, heads=None) -> lis
             sizes = list(budgets.get(m, ()) if isinstance(budgets, Mapping) else budgets)
             if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
                 raise ValueError(f"method {m!r} needs budgets >= 1, got {sizes}")
-            proposer = make_proposer(m, target, head=registry.head_path(m, heads))
+            path = registry.head_path(m, heads)
+            proposer = make_proposer(m, target, head=path, loaded=loaded)
+            kind = registry.method(m).head
+            head = None if kind is None else str(path or shipped_head_dir(kind).name)  # shipped: its folder's name
             first: dict[int, int] = {}  # effective budget -> index of its config
             for b in sizes:
                 eff = _effective_budget(m, proposer, b)
-                out.append(Variant(m, b, proposer, first.get(eff)))
+                out.append(Variant(m, b, proposer, first.get(eff), head))
                 first.setdefault(eff, len(out) - 1)
     return out
 
@@ -210,6 +215,7 @@ def _rows(target: Target, cfgs: Sequence[Variant], prompts_by_dataset: Mapping[s
     env = environment(target)
     return [{"method": cfg.method, "dataset": ds, "budget": cfg.budget,
              **({"paper_budget": cfg.budget + 1} if cfg.budget is not None else {}),
+             **({"head": cfg.head} if cfg.head is not None else {}),
              **summarize(runs[ds, k if cfg.same_as is None else cfg.same_as], runs[ds, 0]), **env,
              "prompt_source": data.prompt_source(prompts_by_dataset[ds]),
              **({"note": HF_NOTE} if not registry.method(cfg.method).decodes else {}),
@@ -347,14 +353,19 @@ def _check_settings(cfg: BenchConfig) -> None:
 # the paper's budgets count the root (16/32/64/128/256 verified nodes); this kit's budget counts drafts only
 PAPER_BUDGETS = (15, 31, 63, 127, 255)
 
+# the paper's headline setting (docs/method.md, The paper's setting); dflash and ddtree draft with z-lab's head
+QWEN3_8B = BenchConfig(model="Qwen/Qwen3-8B", dtype="bfloat16", device="cuda", methods=("ar", "dflash", "ddtree", "jetflow"),
+                       limit=None, max_new_tokens=3072, budgets=PAPER_BUDGETS,
+                       heads={"jetflow": "JetSpec/jetspec-qwen3-8b", "dflash": "z-lab/Qwen3-8B-DFlash-b16"},
+                       chat_template_kwargs={"enable_thinking": False})
+
 PRESETS = {
     # the embedded SmolLM2-135M on this kind of machine (docs/field-notes.md); fp32: greedy output must equal AR
     "cpu": BenchConfig(),
-    # the paper's headline setting (docs/method.md, The paper's setting)
-    "qwen3-8b": BenchConfig(model="Qwen/Qwen3-8B", dtype="bfloat16", device="cuda", methods=("ar", "dflash", "ddtree", "jetflow"),
-                            limit=None, max_new_tokens=3072, budgets=PAPER_BUDGETS,
-                            heads={"jetflow": "JetSpec/jetspec-qwen3-8b", "dflash": "z-lab/Qwen3-8B-DFlash-b16"},
-                            chat_template_kwargs={"enable_thinking": False}),
+    "qwen3-8b": QWEN3_8B,
+    # a bounded look at it (`make gpu-quick`, docs/gpu.md): 5 GSM8K + 5 MATH-500 prompts, 256 new tokens, the
+    # paper's 256 and 16 (kit 255 and 15); `bench --preset qwen3-8b-quick --plan` gives its time
+    "qwen3-8b-quick": replace(QWEN3_8B, datasets=("gsm8k", "math500"), limit=5, max_new_tokens=256, budgets=(15, 255)),
 }
 
 

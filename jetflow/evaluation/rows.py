@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jetflow.engine.metrics import predicted_speedups
+from .paper import HEAD_LABELS, SPEEDUP_HEAD, beside_paper
 
 HF_NOTE = "transformers generate: prefill not separable, decode_s is the total time"
 CHAIN_NOTE = "its trees stop growing below this budget: the same runs as budget {}"
@@ -51,9 +52,10 @@ def bench_markdown(rows: Sequence[dict]) -> str:
     """A markdown table of the rows, the tau/budget/speedup conventions above it, the setup below."""
     predicted = any("predicted_tokens_per_s" in r for r in rows)
     paper = any("paper_budget" in r for r in rows)  # rows before it was recorded render as they always did
+    heads = any("head" in r for r in rows)
     head = ["method", "dataset", "budget", *(["paper budget"] if paper else []), "n", "new tokens", "tau", "verify tokens", "prefill s", "decode s",
-            "tokens/s", *(["predicted tokens/s"] if predicted else []), "speedup",
-            *(["predicted speedup"] if predicted else []), "identical to AR"]
+            "tokens/s", *(["predicted tokens/s"] if predicted else []), SPEEDUP_HEAD,
+            *(["predicted " + SPEEDUP_HEAD] if predicted else []), "identical to AR", *(["head"] if heads else [])]
     lines = [CONVENTIONS + (PAPER_NOTE if paper else "") + ".", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, ratio in zip(rows, predicted_speedups(rows)):
         cells = [r["method"], r["dataset"], _fmt(r["budget"]), *([_fmt(r.get("paper_budget"))] if paper else []),
@@ -62,7 +64,7 @@ def bench_markdown(rows: Sequence[dict]) -> str:
                  _fmt(r["tokens_per_s"], 1), *([_fmt(r.get("predicted_tokens_per_s"), 1)] if predicted else []),
                  _fmt(r["speedup"]) + ("x" if r["speedup"] is not None else ""),
                  *([_fmt(ratio) + ("x" if ratio is not None else "")] if predicted else []),
-                 f"{r['identical_to_ar']}/{r['n_prompts']}"]
+                 f"{r['identical_to_ar']}/{r['n_prompts']}", *([r.get("head") or "-"] if heads else [])]
         lines.append("| " + " | ".join(cells) + " |")
     if rows:
         r = rows[0]
@@ -70,6 +72,8 @@ def bench_markdown(rows: Sequence[dict]) -> str:
                       f"transformers {r['transformers']}."]
     notes = sorted({f"{r['method']}: {r['note']}" for r in rows if r.get("note")})
     lines += [f"- {n}" for n in notes]
+    if any(r.get("head") in HEAD_LABELS for r in rows):  # the paper's target: its numbers beside ours
+        lines += ["", "Beside the paper:", "", beside_paper(rows).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,8 @@ from . import curve, throughput
 DATASET_NAMES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mt_bench": "MT-Bench",
                  "mbpp": "MBPP", "spec_bench": "Spec-Bench"}
 METHOD_ORDER = names()  # the registry's order
+# the header of a column of ``cell``s names the speedup's denominator
+CELLS = "method: tau / speedup over the same run's AR, prefill out (identical to AR / n)"
 
 
 def load(results: Path, *names: str) -> list[dict]:
@@ -131,7 +133,7 @@ def stop_vs_fixed(results: Path, name: str = "cpu-replay-trees",
             body.append([DATASET_NAMES.get(ds, ds), m, str(r["budget"]), f"{r['tau']:.2f}", f"{r['nodes']:.1f}",
                          f"{r['tau_per_node']:.3f}", f"{r['predicted_speedup']:.2f}x"])
     return _md(["dataset", "method", "budget (best predicted)", "tau", "draft nodes / round", "tau / node",
-                "predicted speedup"], body)
+                "predicted speedup over AR"], body)
 
 
 SAMPLING = (("greedy", "cpu-sampling-greedy"), ("T = 0.7", "cpu-sampling-t0.7"), ("T = 1.0", "cpu-sampling-t1.0"))
@@ -190,7 +192,7 @@ def decoded(results: Path, names: Sequence[str], dataset: str) -> str:
         name = m + (" (chain: 15 drafts at most)" if m == "dflash" else "")
         body.append([name, *(cell(_find(rows, m, dataset, b)) for b in budgets)])
     ar = " and ".join(f"{_ar_rates(run, dataset)} tokens/s in `{n}`" for n, run in zip(names, runs))
-    return _md(["method", *(f"budget {b}" for b in budgets)], body) + f"\n\nAR: {ar}."
+    return _md([CELLS, *(f"budget {b}" for b in budgets)], body) + f"\n\nAR: {ar}."
 
 
 def speed_auto(results: Path, names: Sequence[str]) -> str:
@@ -211,7 +213,7 @@ def speed_auto(results: Path, names: Sequence[str]) -> str:
             pick = next((r for r in got.values() if r.get("auto_budget")), None)
             pred = "-" if pick is None or pick.get("predicted_speedup") is None else f"{pick['predicted_speedup']:.2f}x"
             body.append([DATASET_NAMES.get(ds, ds), m, *cells, pred])
-    head = ["dataset", "method", *(f"budget {b}" for b in budgets), "auto: predicted speedup"]
+    head = ["dataset", CELLS, *(f"budget {b}" for b in budgets), "auto: predicted speedup over AR"]
     return _md(head, body) + "\n\n" + _ar_line(rows)
 
 
@@ -225,7 +227,7 @@ def by_dataset(results: Path, names: Sequence[str]) -> str:
         budget = next((r["budget"] for r in sub if r["budget"] is not None), None)
         body.append([m + ("" if budget is None else f" (budget {budget})"),
                      *(cell(_find(rows, m, ds)) for ds in datasets)])
-    return _md(["method", *(DATASET_NAMES.get(d, d) for d in datasets)], body) + "\n\n" + _ar_line(rows)
+    return _md([CELLS, *(DATASET_NAMES.get(d, d) for d in datasets)], body) + "\n\n" + _ar_line(rows)
 
 
 def grid(results: Path, names: Sequence[str]) -> str:
@@ -247,7 +249,7 @@ def grid(results: Path, names: Sequence[str]) -> str:
             cells = [cell(r, bold=r is best) if (same := _reused(r)) is None else f"= budget {same}"
                      for r in map(got.get, budgets)]
             body.append([DATASET_NAMES.get(ds, ds), m, *cells])
-    return _md(["dataset", "method", *(f"budget {b}" for b in budgets)], body) + "\n\n" + _ar_line(rows)
+    return _md(["dataset", CELLS, *(f"budget {b}" for b in budgets)], body) + "\n\n" + _ar_line(rows)
 
 
 _REUSED = re.compile(re.escape(CHAIN_NOTE).replace(re.escape("{}"), r"(\d+)"))  # the note of older rows
@@ -286,7 +288,7 @@ def headline(results: Path, sources: Sequence[tuple[str, str]] = HEADLINE,
         runs.setdefault(source, []).append(method)
     named = "; ".join(f"`{src}-*`: {', '.join(ms)}" for src, ms in runs.items())
     first = load(results, f"{sources[0][1]}-{datasets[0]}")[0]
-    return (_md(["method", *(DATASET_NAMES.get(d, d) for d in datasets)], body)
+    return (_md([CELLS, *(DATASET_NAMES.get(d, d) for d in datasets)], body)
             + f"\n\nRuns (`data/results/`, each with its own AR): {named}. Hardware: {first['hardware']}, "
             f"{first['dtype']}, torch {first['torch']}. {_fp32_count(results)}")
 
