@@ -186,7 +186,8 @@ def players(out: Path) -> list[tuple[str, str]]:
 
 def index_html(pages: list[tuple[str, str]], found: list[tuple[str, str]]) -> str:
     """The index: one link per notebook page, then one per tree player."""
-    items = "".join(f'<li><a href="{html.escape(href)}">{html.escape(title)}</a></li>' for href, title in pages)
+    items = "".join(f'<li><a href="{html.escape(href)}">{html.escape(title)}</a> <span class="note">'
+                    f'{html.escape(href.removesuffix(".html"))}.ipynb</span></li>' for href, title in pages)
     body = (f"<h1>jetflow notebooks</h1><p>Rendered from the notebooks' stored outputs (no kernel ran to "
             f"build this site: <code>make site</code>); the plotly figures are live, from a local plotly.js.</p>"
             f"<h2>Notebooks</h2><ul>{items}</ul>")
