@@ -96,6 +96,16 @@ gpu-quick: $(STAMP)
 	$(PY) -m jetflow bench --preset qwen3-8b-quick --plan
 	$(PY) -m jetflow bench --preset qwen3-8b-quick --out data/results/gpu-quick
 
+# The notebooks as a static site (docs/notebooks.md): site/ (ignored by git), one page per notebook from its stored
+# outputs (no kernel runs), live plotly figures from a local copy of plotly.min.js, and one tree player decoded with
+# the embedded target and the shipped causal head (~1 min on 2 CPU cores). Open site/index.html: no server needed.
+SITE_PROMPT ?= A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts in total does it take?
+.PHONY: site
+site: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m jetflow trace --prompt "$(SITE_PROMPT)" --method jetflow-pc --budget 16 \
+	    --max-new-tokens 64 --out site/players/jetflow-pc-budget16.html
+	$(PY) -m jetflow site --out site notebooks/*.ipynb
+
 # Screenshots of the notebooks as a browser shows them (JupyterLab + headless Chromium, smoke mode):
 # every key figure of notebooks 00, 01, 02, 03 and 05 as notebooks/figures/*.png (the notebooks show them for readers
 # without a kernel), and the explorer before and after a dropdown change and a node click, checked to change what

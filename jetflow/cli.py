@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|regenerate|pack|unpack|taps|train|bench|replay|profile|train-correction|correction-cost|diagnose|cost|speed|throughput|curve|report|results``.
+"""Command line: ``python -m jetflow demo|generate|trace|site|regenerate|pack|unpack|taps|train|bench|replay|profile|train-correction|correction-cost|diagnose|cost|speed|throughput|curve|report|results``.
 
 The flags of ``regenerate``, ``taps``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.util.flags``), as are the commands that reproduce a config; method
@@ -28,8 +28,8 @@ from jetflow.util.flags import add_flags, given
 from . import demo, gpu_check
 from .commands import (add_compile_flag, add_head_flags, add_plan_flag, add_output_flags, add_quiet_flag, cmd_bench, cmd_correction_cost,
                        cmd_cost, cmd_curve, cmd_diagnose, cmd_generate, cmd_pack, cmd_profile, cmd_replay,
-                       cmd_throughput, cmd_train, cmd_train_correction, cmd_unpack, generate_flags, pack_flags,
-                       unpack_flags)
+                       cmd_site, cmd_throughput, cmd_trace, cmd_train, cmd_train_correction, cmd_unpack, generate_flags, pack_flags,
+                       site_flags, trace_flags, unpack_flags)
 
 EXIT_BAD_INPUT = 2
 Flags = Callable[[argparse.ArgumentParser], None]  # adds a subcommand's flags to its parser
@@ -192,6 +192,11 @@ COMMANDS = (
     Command("results", "reproduce a committed result folder by name", _results_flags, cmd_results),
     Command("gpu-check", "on a GPU: correctness, timing, projected speedup", gpu_check.add_arguments,
             gpu_check.cmd_gpu_check),
+    Command("trace", "decode once and write the tree player (one HTML file)", trace_flags, cmd_trace,
+            "Decode the prompt once as `generate` does and write a self-contained HTML page that steps through "
+            "the rounds: each drafted tree, the accepted path, the rejected children with the target's token, "
+            "the bonus token and the acceptance per branch. It opens from file:// with no server or network."),
+    Command("site", "static site of the notebooks (stored outputs)", site_flags, cmd_site),
 )
 
 

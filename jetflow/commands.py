@@ -28,6 +28,9 @@ from jetflow.training.train import TrainConfig, train
 from jetflow.util import checks
 from jetflow.util.flags import given
 from jetflow.util.paths import cache_dir
+from jetflow.views import site
+from jetflow.views.player import write_player
+from jetflow.views.trace import record
 
 
 def _emit(rows: list[dict], args, markdown: Callable[[list[dict]], str]) -> int:
@@ -138,7 +141,9 @@ def _check_generate_args(args) -> None:
     check_temperature(args.temperature, "--temperature")
 
 
-def cmd_generate(args) -> int:
+def decode_once(args):
+    """Check ``generate``'s flags, load the target and decode ``args.prompt`` once -> (target, Result, budget used,
+    the auto budget's predicted tokens/s or None). ``generate`` and ``trace`` both decode through here."""
     registry.check([args.method], lambda m: m.decodes)
     _check_generate_args(args)
     check_head_dir(args.head, "--head")
@@ -153,7 +158,12 @@ def cmd_generate(args) -> int:
         nodes, prediction = budget.auto_budget(target, args.method, args.prompt, head=args.head)
     res = generate(target, args.prompt, proposer, budget=int(nodes), max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, seed=args.seed)
-    row = {"method": args.method, "budget": int(nodes), "prompt": args.prompt, "tokens": res.tokens,
+    return target, res, int(nodes), prediction
+
+
+def cmd_generate(args) -> int:
+    _, res, nodes, prediction = decode_once(args)
+    row = {"method": args.method, "budget": nodes, "prompt": args.prompt, "tokens": res.tokens,
            "text": res.text, "new_tokens": res.new_tokens, "rounds": len(res.rounds), "tau": res.tau,
            "prefill_s": res.prefill_s, "decode_s": res.decode_s, "tokens_per_s": res.tokens_per_s}
     if prediction is not None:
@@ -182,6 +192,45 @@ def generate_flags(g) -> None:
     add_thinking_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object")
     add_compile_flag(g)
+
+
+def cmd_trace(args) -> int:
+    """Decode once as ``generate`` does and write the tree player (``jetflow.views.player``) to ``--out``."""
+    if not args.out.endswith((".html", ".htm")):
+        raise ValueError(f"--out names the player's HTML file, e.g. tree.html; got {args.out!r}")
+    checks.writable_file(args.out, "--out")
+    target, res, nodes, _ = decode_once(args)
+    trace = record(res, target.decode, method=args.method, budget=nodes, prompt=args.prompt,
+                   temperature=args.temperature, model=target.name, dtype=args.dtype,
+                   head=args.head or "shipped", max_new_tokens=args.max_new_tokens)
+    path = write_player(trace, args.out)
+    if args.json:
+        print(json.dumps(trace, ensure_ascii=False))
+    else:
+        print(res.text)
+    print(f"wrote {path}: {len(res.rounds)} rounds, tau={res.tau:.2f}; open it in a browser (no server needed)",
+          file=sys.stderr)
+    return 0
+
+
+def trace_flags(t) -> None:
+    """``generate``'s flags (``--json`` prints the trace instead of the text) and ``--out FILE.html``."""
+    generate_flags(t)
+    t.add_argument("--out", required=True, help="the player's HTML file (self-contained; opens from file://)")
+
+
+def cmd_site(args) -> int:
+    """The static site of the notebooks' stored outputs (``jetflow.views.site``); no kernel, no model."""
+    checks.writable_dir(args.out, "--out")
+    pages = site.build(args.notebooks, args.out)
+    print(f"wrote {len(pages)} pages to {args.out}; open {pages[0]} in a browser (no server needed)")
+    return 0
+
+
+def site_flags(s) -> None:
+    s.add_argument("notebooks", nargs="+", help="the .ipynb files, e.g. notebooks/*.ipynb")
+    s.add_argument("--out", default="site", help="the site's folder (default: site); the index also links every "
+                   "tree player under OUT/players (python -m jetflow trace --out OUT/players/NAME.html)")
 
 
 # ----------------------------------------------------------------------------- data

@@ -56,3 +56,12 @@ def random_profile(depths: int, n_rank: int, seed: int = 0):
     edges = torch.tensor([-math.inf, -3.0, -2.0, -1.0, -0.5, 0.0])
     cal = torch.rand(2, depths, 5, generator=g).sort(-1).values
     return AcceptanceProfile(rank, edges, cal)
+
+
+class GlyphTokenizer(CharTokenizer):
+    """``CharTokenizer`` whose decode writes punctuation, spaces, newlines, tabs, quotes and angle brackets (one
+    character per id), so token labels that must stay visible, and HTML that must stay escaped, show up."""
+    TABLE = " ,.\n\tab<>\"'x/"
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.TABLE[i % len(self.TABLE)] for i in ids)

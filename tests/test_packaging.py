@@ -43,6 +43,9 @@ def test_a_built_wheel_ships_every_folder_and_the_heads(tmp_path):
     assert inits and inits <= names, f"missing from the wheel: {sorted(inits - names)}"
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "jetflow").rglob("*.py")}
     assert modules <= names, f"missing from the wheel: {sorted(modules - names)}"
+    data = set(subprocess.run(["git", "ls-files", "jetflow"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.split()) - modules  # package data: the player's page, fixtures
+    assert "jetflow/views/player.html" in data and data <= names, f"missing from the wheel: {sorted(data - names)}"
     heads = subprocess.run(["git", "ls-files", "data/heads"], cwd=ROOT, capture_output=True, text=True,
                            check=True).stdout.split()
     shipped = {"jetflow/heads/" + Path(h).relative_to("data/heads").as_posix() for h in heads}
