@@ -85,3 +85,13 @@ def test_keep_path_keeps_the_prefix_and_the_accepted_rows_in_order(path):
         want = kept_positions(3, path).float()
         assert torch.equal(layer.keys[0, 0, :, 0], want + 100 * i) and torch.equal(layer.values[0, 0, :, 1], -want)
     assert cache.get_seq_length() == 3 + len(path)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_mask_is_built_on_the_requested_device_in_the_targets_dtype(device, dtype):
+    tree = random_tree(12, 5)
+    mask = tree_attention_mask(tree, 4, dtype, device)
+    assert mask.device.type == device and mask.dtype == dtype
+    assert torch.equal(mask.cpu(), tree_attention_mask(tree, 4, dtype))
+    assert torch.equal(mask.cpu() == 0, tree_attention_mask(tree, 4) == 0)

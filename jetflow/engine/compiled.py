@@ -121,8 +121,9 @@ def timed_first_call(compile_s: dict, key: int, device: torch.device, call):
 
 
 def padded_mask(mask: torch.Tensor | None, past_len: int, size: int, padded: int, cache_len: int,
-                dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """(1, 1, P, cache_len) additive mask over the whole static cache for ``size`` real query rows.
+                dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
+    """(1, 1, P, cache_len) additive mask over the whole static cache for ``size`` real query rows, built on
+    ``device`` (default: the tree mask's, else the CPU).
 
     Real rows keep ``mask`` (1, 1, size, past + size) on the live columns, or plain causal
     attention when it is None; every other column (pad nodes, stale rows) is masked. Pad row i
@@ -131,15 +132,16 @@ def padded_mask(mask: torch.Tensor | None, past_len: int, size: int, padded: int
         raise ValueError(f"cannot pad {size} query rows to {padded} after {past_len} cached rows "
                          f"in a cache of {cache_len}")
     low = torch.finfo(dtype).min
-    full = torch.full((padded, cache_len), low, dtype=dtype)  # (P, cache_len)
+    device = (mask.device if mask is not None else "cpu") if device is None else device
+    full = torch.full((padded, cache_len), low, dtype=dtype, device=device)  # (P, cache_len)
     if mask is None:
         full[:size, :past_len] = 0
-        full[:size, past_len:past_len + size] = torch.full((size, size), low, dtype=dtype).triu(1)
+        full[:size, past_len:past_len + size] = torch.full((size, size), low, dtype=dtype, device=device).triu(1)
     else:
         if mask.shape[-2:] != (size, past_len + size):
             raise ValueError(f"mask must be (1, 1, {size}, {past_len + size}), got {tuple(mask.shape)}")
-        full[:size, :past_len + size] = mask.reshape(size, past_len + size).to(dtype)
-    pads = torch.arange(size, padded)
+        full[:size, :past_len + size] = mask.reshape(size, past_len + size).to(device=device, dtype=dtype)
+    pads = torch.arange(size, padded, device=device)
     full[pads, past_len + pads] = 0
     return full[None, None]
 
@@ -215,7 +217,7 @@ class StaticEngine:
         self.check(handle)
         past, size = handle.length, ids.numel()
         padded = size if past == 0 else self.config.padded(size)  # prefill runs eager at its own length
-        full = padded_mask(mask, past, size, padded, self.config.cache_len, self.dtype).to(self.device)
+        full = padded_mask(mask, past, size, padded, self.config.cache_len, self.dtype, self.device)
         ids = torch.cat([ids, ids.new_zeros(padded - size)])[None].to(self.device)  # (1, P)
         positions = torch.cat([positions, positions.new_full((padded - size,), past)])[None].to(self.device)
         for layer in self.cache.layers:  # writes land at rows past .. past + P

@@ -132,7 +132,7 @@ def _root_only(anchor: int) -> Tree:
 def verify_step(target: Target, tree: Tree, cache, taps: tuple[int, ...]):
     """One verify forward of ``tree`` after the cached prefix -> (prefix length, Step)."""
     past = cache.get_seq_length()
-    mask = None if len(tree) == 1 else tree_attention_mask(tree, past, target.dtype)
+    mask = None if len(tree) == 1 else tree_attention_mask(tree, past, target.dtype, target.device)
     return past, target.forward(tree.tokens, cache, positions=tree.depth + past, mask=mask, taps=taps)
 
 

@@ -10,14 +10,16 @@ import torch
 from .tree import Tree, ancestor_mask
 
 
-def tree_attention_mask(tree: Tree, past_len: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def tree_attention_mask(tree: Tree, past_len: int, dtype: torch.dtype = torch.float32,
+                        device: torch.device | str | None = None) -> torch.Tensor:
     """(1, 1, N+1, past_len + N+1) additive mask: every node sees the whole cached prefix,
-    and inside the tree exactly its ancestors and itself."""
+    and inside the tree exactly its ancestors and itself. Built on ``device`` (the target's; default the
+    tree's), so a GPU round copies the parents (N+1 integers) rather than the whole mask."""
+    device = tree.parents.device if device is None else torch.device(device)
     n = len(tree)
-    allowed = torch.cat([torch.ones(n, past_len, dtype=torch.bool),
-                         ancestor_mask(tree.parents)], dim=1)  # (N+1, past+N+1)
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    mask = torch.zeros(n, past_len + n, dtype=dtype, device=device)
+    inside = ancestor_mask(tree.parents.to(device))  # (N+1, N+1), vectorised on the device
+    mask[:, past_len:].masked_fill_(~inside, torch.finfo(dtype).min)
     return mask[None, None]
 
 
