@@ -39,7 +39,8 @@ def test_speedup_is_a_ratio_of_totals():
 
 def test_round_stats_keep_what_the_rows_need():
     stats = [metrics.RoundStat.of(r) for r in HAND_ROUNDS]
-    assert stats[0] == metrics.RoundStat(committed=3, accepted=2, verified=4, deepest=3, chances=3)
+    assert stats[0] == metrics.RoundStat(committed=3, accepted=2, verified=4, deepest=3, chances=3,
+                                         spine_hit=1, spine_n=2)  # a chain: spine only, never branched
     assert stats[2].chances == 1 and stats[3] == metrics.RoundStat(1, 0, 1, 0, 0)
     assert metrics.tau(stats) == metrics.tau(HAND_ROUNDS) and metrics.tau_hist(stats) == metrics.tau_hist(HAND_ROUNDS)
     assert metrics.depth_accept(stats) == metrics.depth_accept(HAND_ROUNDS)
@@ -58,6 +59,9 @@ def test_decode_result_and_rows_share_one_tau():
     assert Result([1], [6], "").tau == 0.0  # no round: nothing to average
 
 
-def test_round_stats_are_the_rows_four_statistics():
+def test_round_stats_are_the_rows_statistics():
+    # one round branches (the third), so continuation has values: no accepted sibling, two spine chances
     assert metrics.round_stats(HAND_ROUNDS) == {"tau": 7 / 4, "tau_hist": {1: 2, 2: 1, 3: 1},
-                                                "depth_accept": [2 / 3, 1.0, 0.0], "verify_tokens": 13 / 4}
+                                                "depth_accept": [2 / 3, 1.0, 0.0], "verify_tokens": 13 / 4,
+                                                "sibling_continuation": None, "sibling_n": 0,
+                                                "spine_continuation": 0.5, "spine_n": 2}

@@ -16,11 +16,15 @@ from typing import Protocol
 
 import torch
 
+from .continuation import Continuation, continuation_counts, continuation_rates
+
 
 class DraftedTree(Protocol):
     """What the statistics read of a round's tree (``engine.tree.Tree`` has it): nodes, root included."""
+    tokens: torch.Tensor    # (N+1,) token id of every node
     parents: torch.Tensor   # (N+1,) parent index of every node
     depth: torch.Tensor     # (N+1,) depth of every node, the root 0
+    score: torch.Tensor     # (N+1,) cumulative draft log-prob: a node's first child is its best-scored one
 
     def __len__(self) -> int: ...
 
@@ -39,6 +43,9 @@ class DecodedRound(Protocol):
     @property
     def accepted(self) -> int: ...         # draft tokens accepted
 
+    @property
+    def target_choice(self) -> list[int]: ...  # the target's argmax after every node
+
 
 @dataclass(frozen=True)
 class RoundStat:
@@ -48,6 +55,13 @@ class RoundStat:
     verified: int    # tree nodes the target verified, root included
     deepest: int     # deepest drafted depth (0 for the root alone)
     chances: int     # leading accepted nodes, root first, that had a drafted child
+    # continuation after the accepted node (jetflow.engine.continuation); journals written before these
+    # fields load with the defaults and report no continuation
+    sibling_hit: int = 0
+    sibling_n: int = 0
+    spine_hit: int = 0
+    spine_n: int = 0
+    branched: bool = False
 
     @classmethod
     def of(cls, r: DecodedRound | RoundStat) -> RoundStat:
@@ -55,7 +69,13 @@ class RoundStat:
             return r
         parents = set(r.tree.parents.tolist())
         chances = next((i for i, node in enumerate(r.path) if node not in parents), len(r.path))
-        return cls(len(r.committed), r.accepted, len(r.tree), int(r.tree.depth.max()), chances)
+        cont = continuation_counts(r.tree, r.path, r.committed, getattr(r, "target_choice", None))
+        return cls(len(r.committed), r.accepted, len(r.tree), int(r.tree.depth.max()), chances,
+                   cont.sibling_hit, cont.sibling_n, cont.spine_hit, cont.spine_n, cont.branched)
+
+    @property
+    def continuation(self) -> Continuation:
+        return Continuation(self.sibling_hit, self.sibling_n, self.spine_hit, self.spine_n, self.branched)
 
 
 @dataclass
@@ -116,10 +136,17 @@ def speedup(tokens: int, seconds: float, ar_tokens: int, ar_seconds: float) -> f
     return rate / ar_rate if rate is not None and ar_rate else None
 
 
+def continuation(rounds: Sequence[DecodedRound | RoundStat]) -> dict:
+    """``sibling_continuation``, ``sibling_n``, ``spine_continuation``, ``spine_n`` of the rounds
+    (``jetflow.engine.continuation``): all None for a chain method, whose trees never branch."""
+    return continuation_rates(RoundStat.of(r).continuation for r in rounds)
+
+
 def round_stats(rounds: Sequence[DecodedRound | RoundStat]) -> dict:
-    """The per-round statistics of a row: tau, its histogram, per-depth acceptance, verify tokens."""
+    """The per-round statistics of a row: tau, its histogram, per-depth acceptance, verify tokens, and the
+    continuation after accepted siblings and first children."""
     return {"tau": tau(rounds), "tau_hist": tau_hist(rounds), "depth_accept": depth_accept(rounds),
-            "verify_tokens": verify_tokens(rounds)}
+            "verify_tokens": verify_tokens(rounds), **continuation(rounds)}
 
 
 def summarize(runs: Sequence[PromptRun], ar_runs: Sequence[PromptRun]) -> dict:

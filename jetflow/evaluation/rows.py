@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from jetflow.engine.metrics import predicted_speedups
+from jetflow.engine.metrics import predicted_speedups, round_stats
 from .paper import HEAD_LABELS, SPEEDUP_HEAD, beside_paper
 
 HF_NOTE = "transformers generate: prefill not separable, decode_s is the total time"
@@ -48,19 +48,39 @@ def _fmt(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+CONTINUATION_NOTE = ("sibling cont. = after an accepted node that was not its parent's most probable child, how "
+                     "often the target's next token was that node's own first child (rounds counted in brackets); "
+                     "spine cont. = the same after an accepted first child; '-' for chains, which never branch")
+
+
+def continuation_cell(row: dict, kind: str) -> str:
+    """``0.42 (118)``: a row's ``{kind}_continuation`` with its count, ``-`` where it has none."""
+    value, n = row.get(f"{kind}_continuation"), row.get(f"{kind}_n")
+    return "-" if value is None else f"{value:.2f} ({n})"
+
+
+def has_continuation(rows: Sequence[dict]) -> bool:
+    """Whether the rows were measured with the continuation columns (rows before them render as before)."""
+    return any("sibling_continuation" in r for r in rows)
+
+
 def bench_markdown(rows: Sequence[dict]) -> str:
     """A markdown table of the rows, the tau/budget/speedup conventions above it, the setup below."""
     predicted = any("predicted_tokens_per_s" in r for r in rows)
+    cont = has_continuation(rows)
     paper = any("paper_budget" in r for r in rows)  # rows before it was recorded render as they always did
     heads = any("head" in r for r in rows)
-    head = ["method", "dataset", "budget", *(["paper budget"] if paper else []), "n", "new tokens", "tau", "verify tokens", "prefill s", "decode s",
+    head = ["method", "dataset", "budget", *(["paper budget"] if paper else []), "n", "new tokens", "tau",
+            *(["sibling cont.", "spine cont."] if cont else []), "verify tokens", "prefill s", "decode s",
             "tokens/s", *(["predicted tokens/s"] if predicted else []), SPEEDUP_HEAD,
             *(["predicted " + SPEEDUP_HEAD] if predicted else []), "identical to AR", *(["head"] if heads else [])]
-    lines = [CONVENTIONS + (PAPER_NOTE if paper else "") + ".", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [CONVENTIONS + (PAPER_NOTE if paper else "") + (f"; {CONTINUATION_NOTE}" if cont else "") + ".", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, ratio in zip(rows, predicted_speedups(rows)):
         cells = [r["method"], r["dataset"], _fmt(r["budget"]), *([_fmt(r.get("paper_budget"))] if paper else []),
                  _fmt(r["n_prompts"]), _fmt(r["new_tokens"]),
-                 _fmt(r["tau"]), _fmt(r["verify_tokens"], 1), _fmt(r["prefill_s"]), _fmt(r["decode_s"]),
+                 _fmt(r["tau"]), *([continuation_cell(r, "sibling"), continuation_cell(r, "spine")] if cont else []),
+                 _fmt(r["verify_tokens"], 1), _fmt(r["prefill_s"]), _fmt(r["decode_s"]),
                  _fmt(r["tokens_per_s"], 1), *([_fmt(r.get("predicted_tokens_per_s"), 1)] if predicted else []),
                  _fmt(r["speedup"]) + ("x" if r["speedup"] is not None else ""),
                  *([_fmt(ratio) + ("x" if ratio is not None else "")] if predicted else []),
@@ -91,4 +111,24 @@ def replay_markdown(rows: Sequence[dict]) -> str:
                      " | ".join(f"{by_b[b]:.2f}" if by_b.get(b) is not None else "-" for b in budgets) + " |")
     lines.append("\ntau = mean tokens committed per round including the bonus token; budget = draft nodes "
                  "excluding the root; " + REPLAY_NOTE)
+    if has_continuation(rows):
+        lines += ["", continuation_markdown(rows).rstrip("\n")]
     return "\n".join(lines) + "\n"
+
+
+def continuation_markdown(rows: Sequence[dict]) -> str:
+    """Continuation table: one line per method (and width) x dataset x budget, sibling and spine with counts."""
+    lines = ["| method | width | dataset | budget | tau | sibling cont. | spine cont. |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r.get('width') or '-'} | {r['dataset']} | {r['budget']} | {_fmt(r['tau'])} | "
+                     f"{continuation_cell(r, 'sibling')} | {continuation_cell(r, 'spine')} |")
+    return "\n".join(lines + ["", CONTINUATION_NOTE + "."]) + "\n"
+
+
+def continuation_summary(rounds_by_label: dict) -> list[dict]:
+    """One row per label of decoded or replayed rounds (e.g. ``{"ddtree": res.rounds}``): tau beside the
+    continuation after an accepted sibling and after an accepted first child, with their counts (for a
+    notebook's table; None where a chain has no siblings)."""
+    keys = ("tau", "sibling_continuation", "sibling_n", "spine_continuation", "spine_n")
+    return [{"method": label, **{k: stats[k] for k in keys}}
+            for label, stats in ((label, round_stats(rounds)) for label, rounds in rounds_by_label.items())]
