@@ -242,3 +242,11 @@ heads: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m jetflow train --data $(HEADS_WORK)/regen-3030.jsonl --out $(HEADS_WORK)/dflash-more \
 	    --init $(HEADS_WORK)/dflash --bidirectional --gamma 7 --steps 2000 --lr 5e-4 --seed 1 $(HEAD_ARGS) & b=$$!; \
 	wait $$a && wait $$b
+
+# continuation after an accepted sibling (docs/results.md, issue 41): held-out prompts 21-30 of GSM8K, HumanEval and
+# MT-Bench replayed with the whole-pool and the shipped causal heads beside DFlash and DDTree (~30 min, one thread
+# each, the AR answers cached and shared)
+.PHONY: sibling
+sibling: $(STAMP)
+	for r in cpu-sibling-pool1 cpu-sibling-shipped; do OMP_NUM_THREADS=1 $(PY) -m jetflow results $$r || exit 1; done
+	$(PY) -m jetflow report --write

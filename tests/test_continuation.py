@@ -28,7 +28,7 @@ def test_first_child_is_the_best_scored_not_the_first_inserted():
     ([0, 2, 5], [11, 30, 40], Continuation(1, 1, 0, 0, True)),   # sibling 2 accepted, its first child next
     ([0, 2], [11, 99], Continuation(0, 1, 0, 0, True)),          # sibling 2 accepted, the target went elsewhere
     ([0, 1, 3], [10, 20, 7], Continuation(0, 0, 1, 1, True)),    # spine: node 1 then its first child 3
-    ([0, 1], [10, 21], Continuation(0, 0, 0, 1, True)),          # spine node 1, but the target took node 4's token
+    ([0, 1, 4], [10, 21, 8], Continuation(0, 0, 0, 1, True)),    # spine node 1, but the target took node 4 (a leaf)
     ([0], [12], Continuation(0, 0, 0, 0, True)),                 # nothing accepted: no chance
 ])
 def test_counts_per_round(path, committed, expected):
@@ -43,7 +43,7 @@ def test_a_truncated_round_falls_back_to_the_targets_choice_or_skips():
 
 def test_rates_over_rounds_and_a_chain_reports_none_not_zero():
     rounds = [rnd([0, 2, 5], [11, 30, 40]), rnd([0, 2], [11, 99]), rnd([0, 1, 3], [10, 20, 7]),
-              rnd([0, 1], [10, 21])]
+              rnd([0, 1, 4], [10, 21, 8])]
     stats = metrics.round_stats(rounds)
     assert (stats["sibling_continuation"], stats["sibling_n"]) == (0.5, 2)
     assert (stats["spine_continuation"], stats["spine_n"]) == (0.5, 2)

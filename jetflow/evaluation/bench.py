@@ -371,12 +371,15 @@ PRESETS = {
 
 def prompt_sets(cfg) -> dict[str, list[dict]]:
     """dataset -> prompts of a config (a ``BenchConfig``, its dict, or anything with ``prompts_file``,
-    ``limit``, ``datasets`` and ``data_dir``): the prompts file (named by its stem) or the datasets."""
+    ``limit``, ``datasets`` and ``data_dir``, and optionally ``skip``): the prompts file (named by its stem)
+    or the datasets, the first ``skip`` prompts of each left out."""
     from jetflow.data import prompts as data
     cfg = _config(cfg) if isinstance(cfg, Mapping) else cfg
+    skip = getattr(cfg, "skip", 0) or 0
+    stop = None if cfg.limit is None else skip + cfg.limit
     if cfg.prompts_file is not None:
-        return {Path(cfg.prompts_file).stem: data.load_prompts_file(cfg.prompts_file)[:cfg.limit]}
-    return {d: data.load_prompts(d, limit=cfg.limit, data_dir=cfg.data_dir) for d in cfg.datasets}
+        return {Path(cfg.prompts_file).stem: data.load_prompts_file(cfg.prompts_file)[skip:stop]}
+    return {d: data.load_prompts(d, limit=stop, data_dir=cfg.data_dir)[skip:] for d in cfg.datasets}
 
 
 def run_settings(target: Target, cfg: BenchConfig | Mapping, prompts_by_dataset, *, progress: bool = True,

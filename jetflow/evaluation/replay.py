@@ -60,6 +60,7 @@ class ReplayConfig:
     widths: tuple[int, ...] = option((7,), "widths W to try for the builders that take one (accum_logp, top2gap), "
                                      "comma list")
     limit: int | None = option(5, "first N prompts of each dataset")
+    skip: int = option(0, "skip the first N prompts of each dataset, then take --limit (a held-out slice)")
     max_new_tokens: int = option(128, "new tokens of each AR answer")
     prompts_file: str | None = option(None, 'JSONL of {"id", "prompt"} per line (instead of --datasets)')
     model: str | None = option(None, "target hub id or local dir (default: the embedded SmolLM2)")
@@ -80,6 +81,8 @@ class ReplayConfig:
                              f"choose from {', '.join(DATASETS)}")
         if self.limit is not None and self.limit < 1 or self.max_new_tokens < 1:
             raise ValueError(f"limit and max_new_tokens must be >= 1, got {self.limit} and {self.max_new_tokens}")
+        if self.skip < 0:
+            raise ValueError(f"skip must be >= 0, got {self.skip}")
 
 
 @dataclass

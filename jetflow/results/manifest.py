@@ -27,6 +27,9 @@ TREE_METHODS = ("jetflow,jetflow-bp,jetflow-cal,jetflow-t2g,jetflow-profile,jetf
 CORRECTION_METHODS = "jetflow-pc,jetflow-pcx,jetflow-bp,ddtree"
 TREES_LIMIT = 8  # prompts per dataset of the diagnoses: the AR decodes that fitted one session on the shared 2-core CPU
 REPLAY_DATASETS = ("--datasets", "gsm8k,math500,humaneval,mt_bench", "--budgets", "8,16,32,64,128,255")
+SIBLING_METHODS = "dflash,ddtree,jetflow,jetflow-bp,jetflow-pc"
+SIBLING_PROMPTS = ("--datasets", "gsm8k,humaneval,mt_bench", "--skip", "20", "--limit", "10", "--max-new-tokens", "256",
+                   "--budgets", "16,64")
 POOL1_HEAD = "data/heads/smollm2-135m-jetflow-pool1"  # the causal head of cpu-curve-one-pass (repository-relative)
 CURVE_K = 4  # the curve point whose heads `make curve-correction` corrects and replays (the largest one replayed)
 
@@ -140,6 +143,12 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # timed, each alone (`make pool1-budget`)
     *_pair("cpu-pool1-fp32-budget", "pool1-budget", 1, "ar,jetflow-pc,jetflow-pc+lookup", "8,16,24", "float32",
            "--jetflow-head", POOL1_HEAD),
+    # continuation after an accepted sibling (issue 41): math, code and chat prompts 21-30, which no method choice
+    # of the kit was tuned on and no head trained on, replayed at budgets 16 and 64 (`make sibling`): DFlash and
+    # DDTree with the shipped bidirectional head against the causal heads, the whole-pool one with its path
+    # correction and the shipped one with its own
+    *(Entry(name, ("replay", "--methods", SIBLING_METHODS, *SIBLING_PROMPTS, *extra), "sibling", 1)
+      for name, extra in (("cpu-sibling-pool1", ("--jetflow-head", POOL1_HEAD)), ("cpu-sibling-shipped", ()))),
 )}
 GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
 
