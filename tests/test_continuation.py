@@ -82,3 +82,35 @@ def test_tables_show_continuation_with_counts_and_a_dash_for_chains():
     summary = continuation_summary({"tree": [rnd([0, 2, 5], [11, 30, 40])]})
     assert summary == [{"method": "tree", "tau": 3.0, "sibling_continuation": 1.0, "sibling_n": 1,
                         "spine_continuation": None, "spine_n": 0}]
+
+
+def test_the_bonus_can_be_the_judged_nodes_first_child():
+    # node 2 (a sibling) accepted last; the target's bonus after it is 30, node 2's first child, which the walk
+    # did not accept (a sampled round can reject a child whose token the target then draws): a hit
+    assert continuation_counts(TREE, [0, 2], [11, 30]) == Continuation(1, 1, 0, 0, True)
+    # the bonus is node 2's second child 31: a miss; a tie in score goes to the earlier child
+    assert continuation_counts(TREE, [0, 2], [11, 31]) == Continuation(0, 1, 0, 0, True)
+    tied = Tree.from_lists([5, 10, 11, 20], [-1, 0, 0, 1], score=[0.0, -1.0, -1.0, -1.5])
+    assert continuation_counts(tied, [0, 1], [10, 20]) == Continuation(0, 0, 1, 1, True)
+    assert continuation_counts(tied, [0, 2], [11, 20]) == Continuation(0, 0, 0, 0, True)  # node 2 is a leaf
+
+
+def test_held_out_margins_against_ddtree():
+    from jetflow.results import sibling
+    row = {"dataset": "gsm8k", "budget": 16}
+    rows = [{**row, "method": "ddtree", "tau": 2.0, "sibling_continuation": 0.2},
+            {**row, "method": "jetflow-pc", "tau": 2.2, "sibling_continuation": 0.25},
+            {**row, "method": "dflash", "tau": 1.5, "sibling_continuation": None},
+            *({**r, "budget": 64, "tau": r["tau"] * 1.05} for r in
+              [{"method": "ddtree", "tau": 2.0, "sibling_continuation": 0.2, "dataset": "gsm8k"},
+               {"method": "jetflow-pc", "tau": 2.2, "sibling_continuation": 0.4, "dataset": "gsm8k"},
+               {"method": "dflash", "tau": 1.5, "sibling_continuation": None, "dataset": "gsm8k"}])]
+    got = sibling.cells(rows)
+    assert [(c["budget"], round(c["ratio"], 3), c["ratio_ok"], round(c["gap"], 2), c["gap_ok"]) for c in got] == [
+        (16, 1.1, True, 0.05, False), (64, 1.1, True, 0.2, True)]
+    head, body = sibling.margins({"h": rows})
+    assert len(head) == len(body[0]) == 9
+    assert body[0] == ["h", "math (gsm8k)", "16", "2.00", "2.20", "1.100x yes", "0.20", "0.25", "+0.05 **no**"]
+    head, body = sibling.headline([("dflash", "dflash", rows), ("ddtree", "ddtree", rows)])
+    assert head[1:] == ["math B=16", "math B=64"]
+    assert body == [["dflash", "1.50 / -", "1.58 / -"], ["ddtree", "2.00 / 0.20", "2.10 / 0.20"]]

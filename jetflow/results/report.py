@@ -21,7 +21,8 @@ from pathlib import Path
 
 from jetflow.util.paths import REPO as ROOT
 from .tables import (by_dataset, correction_gain, decoded, grid, headline, replay_tau, same_steps, sampling,
-                     speed_auto, stop_vs_fixed, tau_curve, train_throughput, trees_vs_ddtree)
+                     sibling_headline, sibling_heldout, speed_auto, stop_vs_fixed, tau_curve, train_throughput,
+                     trees_vs_ddtree)
 
 README, RESULTS = ROOT / "README.md", ROOT / "data" / "results"
 
@@ -52,16 +53,18 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "pool1-correction": lambda res: correction_gain(res, "cpu-pool1-correction", ddtree_from="cpu-curve-correction"),
     "pool1-fp32": lambda res: grid(res, ["cpu-pool1-fp32-gsm8k", "cpu-pool1-fp32-math500"]),
     "pool1-fp32-budget": lambda res: grid(res, ["cpu-pool1-fp32-budget-gsm8k", "cpu-pool1-fp32-budget-math500"]),
+    "sibling-heldout": sibling_heldout,
+    "sibling-headline": sibling_headline,
 }
 
 
 DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout) -> its tables
-    "README.md": ("headline",),
+    "README.md": ("headline", "sibling-headline"),
     "docs/scale.md": ("train-throughput", "tau-curve", "curve-one-pass", "curve-correction"),
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
                         "replay-stop", "replay-correction", "sampling", "pc-bf16", "pc-fp32", "pool1-correction",
-                        "pool1-fp32", "pool1-fp32-budget"),
+                        "pool1-fp32", "pool1-fp32-budget", "sibling-heldout"),
 }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from jetflow.drafting.methods import names
 from jetflow.engine.metrics import predicted_speedups
 from jetflow.evaluation.rows import CHAIN_NOTE
-from . import curve, throughput
+from . import curve, sibling, throughput
 
 DATASET_NAMES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mt_bench": "MT-Bench",
                  "mbpp": "MBPP", "spec_bench": "Spec-Bench"}
@@ -316,3 +316,25 @@ def tau_curve(results: Path, name: str = "cpu-tau-curve") -> str:
 def same_steps(results: Path) -> str:
     """The curve's k = 4 points beside the causal head trained for the same steps on all the data once (docs/scale.md)."""
     return curve.same_steps_table(load(results, "cpu-tau-curve"), load(results, "cpu-curve-one-pass"))
+
+
+SIBLING_RUNS = {"whole-pool head (8,015 steps)": "cpu-sibling-pool1", "shipped head (4,200 steps)": "cpu-sibling-shipped"}
+_SIBLING_NOTE = ("Replayed, fp32, greedy, prompts 21-30 of each dataset (`--skip 20 --limit 10`), 256 new tokens; "
+                 "DFlash and DDTree draft with the shipped bidirectional head (4,200 steps) in both runs.")
+
+
+def sibling_heldout(results: Path) -> str:
+    """The held-out cells of issue 41: jetflow-pc against DDTree per causal head, dataset and budget."""
+    runs = {label: load(results, name) for label, name in SIBLING_RUNS.items()}
+    return _md(*sibling.margins(runs)) + "\n\n" + _SIBLING_NOTE
+
+
+def sibling_headline(results: Path) -> str:
+    """The README's second headline table: tau beside sibling continuation on the held-out prompts."""
+    pool1, shipped = (load(results, name) for name in SIBLING_RUNS.values())
+    table = _md(*sibling.headline([("dflash", "dflash", pool1), ("ddtree", "ddtree", pool1),
+                              ("jetflow", "jetflow", shipped), ("jetflow-pc, shipped head", "jetflow-pc", shipped),
+                              ("jetflow-pc, whole-pool head", "jetflow-pc", pool1)]))
+    return (table + "\n\nRuns: `data/results/cpu-sibling-pool1` and `cpu-sibling-shipped`. " + _SIBLING_NOTE
+            + " sibling cont. = after an accepted node that was not its parent's most probable child, how often the "
+            "target's next token was that node's own first child; '-' for a chain, which never branches.")
