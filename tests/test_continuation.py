@@ -114,3 +114,27 @@ def test_held_out_margins_against_ddtree():
     head, body = sibling.headline([("dflash", "dflash", rows), ("ddtree", "ddtree", rows)])
     assert head[1:] == ["math B=16", "math B=64"]
     assert body == [["dflash", "1.50 / -", "1.58 / -"], ["ddtree", "2.00 / 0.20", "2.10 / 0.20"]]
+
+
+def test_decoded_rounds_carry_the_counts(small_vocab_target):
+    """Decoded on a 6-token target: the oracle's truth is every node's first child (its siblings tie and come later),
+    so no sibling is ever accepted and every judged spine node continues, until the depth-3 token is made wrong."""
+    import torch
+    from jetflow.drafting.proposers import OracleProposer
+    from jetflow.engine.decode import generate
+    target = small_vocab_target
+    ids = [1, 4, 3, 0]
+    ar = generate(target, torch.tensor(ids), None, max_new_tokens=16).tokens
+    v = target.config.vocab_size
+
+    def stats(**kw):
+        res = generate(target, torch.tensor(ids), OracleProposer(ar, v, **kw), budget=12, max_new_tokens=16)
+        assert res.tokens == ar
+        return metrics.round_stats(res.rounds)
+    chain = stats()
+    assert [chain[k] for k in ("sibling_continuation", "sibling_n", "spine_continuation", "spine_n")] == [None] * 4
+    bushy = stats(siblings=2)
+    assert (bushy["sibling_continuation"], bushy["sibling_n"], bushy["spine_continuation"]) == (None, 0, 1.0)
+    assert bushy["spine_n"] > 0
+    wrong = stats(siblings=2, wrong_at=3)   # per round: depth 1 continues to depth 2, depth 2's first child is wrong
+    assert (wrong["sibling_continuation"], wrong["sibling_n"], wrong["spine_continuation"]) == (None, 0, 0.5)
