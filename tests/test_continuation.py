@@ -85,8 +85,9 @@ def test_tables_show_continuation_with_counts_and_a_dash_for_chains():
 
 
 def test_the_bonus_can_be_the_judged_nodes_first_child():
-    # node 2 (a sibling) accepted last; the target's bonus after it is 30, node 2's first child, which the walk
-    # did not accept (a sampled round can reject a child whose token the target then draws): a hit
+    # node 2 (a sibling) accepted last, the bonus after it 30, node 2's first child: a hit. The engine's walks
+    # would have followed that child (greedy and sample-and-match both take a child whose token the target
+    # picks); the counts judge the bonus like any committed token and do not rely on the walk
     assert continuation_counts(TREE, [0, 2], [11, 30]) == Continuation(1, 1, 0, 0, True)
     # the bonus is node 2's second child 31: a miss; a tie in score goes to the earlier child
     assert continuation_counts(TREE, [0, 2], [11, 31]) == Continuation(0, 1, 0, 0, True)
