@@ -59,6 +59,8 @@ class CorrectionTrainConfig:
     init: str = option("none", "none: a fresh module; the head's: start from the correction beside the head (its "
                        "weights copied in, new inputs at zero) and fine-tune all; stack: the same, frozen, training "
                        "only the new parts", choices=("none", "head", "stack"))
+    keep: str = option("best", "best: the epoch of least held-out loss (epoch 0 is the starting module); last: the last "
+                       "epoch (to measure what the training did)", choices=("best", "last"))
     variant: str | None = option(None, "write to the folder <head>-<variant> beside the head (a correction "
                                  "`replay --correction` picks) instead of the head's own folder")
     epochs: int = option(6, "passes over the training features (the held-out best is kept)")
@@ -316,7 +318,8 @@ def fit(cfg: CorrectionTrainConfig, feats: dict, out: torch.Tensor, embed: torch
                     "history": history, "best": best}, ckpt.with_suffix(".tmp"))
         ckpt.with_suffix(".tmp").rename(ckpt)
     bar.close()
-    module.load_state_dict(best)  # few sequences overfit in a few epochs: keep the held-out best
+    if cfg.keep == "best":
+        module.load_state_dict(best)  # few sequences overfit in a few epochs: keep the held-out best
     return module.eval(), history
 
 
@@ -351,7 +354,7 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
                   "sequence_ids_sha256": hashlib.sha256("\n".join(r["id"] for r in rows).encode()).hexdigest(),
                   "anchors": int(feats["truth"].shape[0]), "heldout_anchors": int(feats["heldout"].sum()),
                   "head": head_dir.name, "features": f"{cfg.dtype} target taps ({cfg.taps}), fp32 head",
-                  "kept_epoch": min(history, key=lambda h: h["loss"])["epoch"], "history": history,
+                  "kept_epoch": min(history, key=lambda h: h["loss"])["epoch"] if cfg.keep == "best" else len(history) - 1, "history": history,
                   "minutes_this_call": {"features": round(feature_minutes, 2),
                                         "fit": round((time.perf_counter() - began) / 60, 2)}}
     return module.save(head_dir.parent / f"{head_dir.name}-{cfg.variant}" if cfg.variant else head_dir, provenance)
