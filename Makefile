@@ -261,5 +261,5 @@ CORR = $(PY) -m jetflow train-correction --out data/heads/smollm2-135m-jetflow-p
 corrections: $(STAMP)
 	OMP_NUM_THREADS=2 $(CORR) --variant pcb --init stack --bigram-rank 16 --lr 1e-2 --keep last
 	OMP_NUM_THREADS=2 $(CORR) --variant pcs --init head --spine true --lr 1e-3 --keep last
-	OMP_NUM_THREADS=1 $(PY) -m jetflow results cpu-corrections
+	for r in cpu-corrections-pc cpu-corrections-pcb cpu-corrections-pcs; do OMP_NUM_THREADS=1 $(PY) -m jetflow results $$r || exit 1; done
 	$(PY) -m jetflow report --write

@@ -1,7 +1,7 @@
 """The ablation of the corrections beside the path one (issue 41): replayed tau at budgets 16 and 64, the
 continuation after an accepted sibling, and each correction's training minutes from its provenance.
 
-Rows: a ``replay`` folder of correction methods on one head; minutes: ``correction.json`` beside that head
+Rows: ``replay`` folders of correction methods on one head; minutes: ``correction.json`` beside that head
 (``jetflow-pc``) or in ``<head>-<variant>`` (``Method.correction``), its ``minutes_this_call`` (features + fit
 as run here; '-' where the provenance did not record them).
 """
@@ -31,10 +31,11 @@ def cell(rows: list[dict], method: str, dataset: str, budget: int, key: str) -> 
     return f"{row[key]:.2f}" if key == "tau" else f"{row[key]:.2f} ({row['sibling_n']})"
 
 
-def ablation_markdown(results: Path, name: str, head: str) -> str:
-    """The ablation table of ``data/results/NAME`` (rows of one head's correction methods)."""
+def ablation_markdown(results: Path, names: list[str], head: str) -> str:
+    """The ablation table of ``data/results/NAME`` for each of ``names`` (rows of one head's correction
+    methods, one replay per correction: replay drafts once per head and correction)."""
     from jetflow.drafting.methods import METHODS
-    rows = json.loads((Path(results) / name / "rows.json").read_text())
+    rows = [r for name in names for r in json.loads((Path(results) / name / "rows.json").read_text())]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     lines = ["| method | dataset | tau B=16 | tau B=64 | sibling cont. B=16 | sibling cont. B=64 | training min |",
              "|---|---|---|---|---|---|---|"]
