@@ -250,3 +250,16 @@ heads: $(STAMP)
 sibling: $(STAMP)
 	for r in cpu-sibling-pool1 cpu-sibling-shipped; do OMP_NUM_THREADS=1 $(PY) -m jetflow results $$r || exit 1; done
 	$(PY) -m jetflow report --write
+
+# corrections beside the path one (docs/results.md, issue 41): a bigram bias stacked on the whole-pool head's
+# frozen path correction (-pcb) and the path correction fed the head's own first choice too (-pcs), each one epoch
+# on the cached features of 192 spread sequences, the last epoch kept (the held-out best was epoch 0, the path
+# correction itself), then replayed on the held-out prompts of `make sibling`
+CORR = $(PY) -m jetflow train-correction --out data/heads/smollm2-135m-jetflow-pool1 --max-seqs 192 --spread --anchors 32 --max-response 160 \
+	--dtype float32 --epochs 1
+.PHONY: corrections
+corrections: $(STAMP)
+	OMP_NUM_THREADS=2 $(CORR) --variant pcb --init stack --bigram-rank 16 --lr 1e-2 --keep last
+	OMP_NUM_THREADS=2 $(CORR) --variant pcs --init head --spine true --lr 1e-3 --keep last
+	for r in cpu-corrections-pc cpu-corrections-pcb cpu-corrections-pcs; do OMP_NUM_THREADS=1 $(PY) -m jetflow results $$r || exit 1; done
+	$(PY) -m jetflow report --write

@@ -96,6 +96,8 @@ keeps it equal):
 - ``jetflow-pc+lookup``: jetflow-pc's tree with prompt-lookup branches merged in (beyond the paper)
 - ``jetflow-pcx``: causal head + path_tail_prefix: jetflow-pc whose rows go on past the corrected candidates with the head's next ranks (rescaled to the row's leftover mass), so big budgets reach deeper ranks (beyond the paper)
 - ``jetflow-pcx+lookup``: jetflow-pcx's tree with prompt-lookup branches merged in (beyond the paper)
+- ``jetflow-pcb``: jetflow-pc whose children also get a low-rank bigram bias from their parent's token, trained on top of the frozen path correction (<head>-pcb/correction.safetensors) (beyond the paper)
+- ``jetflow-pcs``: jetflow-pc whose correction is also fed the head's own first choice at the parent's depth (what its row assumed), fine-tuned from the path correction (<head>-pcs/correction.safetensors) (beyond the paper)
 - ``jetflow-stop``: causal head + calibrated_stop: jetflow-cal's tree, grown while the next node's measured acceptance pays for its marginal verify cost (verify_cost.json), the budget a cap (beyond the paper)
 - ``jetflow-stop+lookup``: jetflow-stop's tree with prompt-lookup branches merged in (beyond the paper)
 """

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 import jetflow.evaluation.replay as rp
 from jetflow.drafting.correction import (PathCorrection, CorrectionConfig, candidates, corrected_logp, load_correction,
                                 path_table, random_correction)
-from jetflow.training.correction_train import CorrectionTrainConfig, batch_logp, examples, fit, sequence_features
+from jetflow.training.correction_train import (CorrectionTrainConfig, batch_logp, examples, fit, initial_module,
+                                              sequence_features)
 from jetflow.engine.decode import generate
 from jetflow.drafting.proposers import HeadProposer, LookupMerged
 from jetflow.drafting.methods import make_proposer
@@ -220,11 +221,14 @@ def test_replayed_rounds_equal_decoded_rounds(tiny_target, merged, c, builder):
             assert [r.committed for r in walked] == [r.committed for r in real]
 
 
-def test_training_matches_inference(tiny_target):
+@pytest.mark.parametrize("extra", [{}, {"spine": True, "bigram_rank": 4}])
+def test_training_matches_inference(tiny_target, extra):
     """``batch_logp`` (training) scores a candidate truth under its true parent as ``path_table``
-    (inference) does."""
+    (inference) does, with the head's first choice and the bigram bias too (jetflow-pcs, jetflow-pcb)."""
     head = tiny_head(tiny_target, draft_vocab=300)  # 256 of 300 columns are candidates: most truths are
-    proposer = HeadProposer(head, tiny_target, "path_prefix", correction=random_correction(head.config.hidden_size))
+    extra = extra and {**extra, "vocab_size": tiny_target.config.vocab_size}
+    proposer = HeadProposer(head, tiny_target, "path_prefix",
+                            correction=random_correction(head.config.hidden_size, **extra))
     row = {"id": "a", "prompt_ids": [1, 5], "response_ids": list(range(400, 440))}
     feats = sequence_features(proposer, row, 30, 256, torch.Generator().manual_seed(0))
     ex = examples(feats, torch.ones(feats["truth"].shape[0], dtype=torch.bool))
@@ -232,7 +236,7 @@ def test_training_matches_inference(tiny_target):
     assert len(ex) > 0
     out, embed = proposer.out.float(), proposer.embed.float()
     with torch.no_grad():
-        lp, truth = batch_logp(proposer.correction, feats, ex, out, embed)
+        lp, truth = batch_logp(proposer.correction, feats, ex, out, embed, proposer.vocab)
     for (a, d), row_lp, t in zip(ex.tolist(), lp, truth.tolist()):
         col = feats["cand_col"][a].long()
         table = path_table(proposer.correction, feats["hidden"][a].float(), feats["cand_logp"][a], proposer.vocab[col],
@@ -264,6 +268,25 @@ def test_fit_learns_a_parent_dependent_row(tmp_path):
     assert last["loss"] < first["loss"] - 0.3 and last["off_corr_acc"] > 0.9 > first["off_corr_acc"]
     _, again = fit(cfg, feats, out, embed, tmp_path / "c.pt", False)  # resumes from the last epoch's checkpoint
     assert again == history
+
+
+@pytest.mark.parametrize("init", ["head", "stack"])
+def test_a_wider_correction_starts_as_the_one_it_grows_from(init):
+    """init head/stack: the path correction's weights copied in, the spine input's columns and the bigram's v
+    at zero, so the first table is the path correction's; stack trains only the new tensors."""
+    h, c, v, depths = 8, 3, 20, 4
+    g = torch.Generator().manual_seed(4)
+    start = random_correction(h, c, rank=16, seed=6)
+    cfg = CorrectionTrainConfig(rank=16, candidates=c, spine=True, bigram_rank=4, init=init)
+    module = initial_module(cfg, h, v, start)
+    hidden, out, embed = (torch.randn(depths, h, generator=g), torch.randn(v, h, generator=g),
+                          torch.randn(v, h, generator=g))
+    lp, col = candidates(torch.log_softmax(hidden @ out.T, -1), c)
+    assert torch.allclose(path_table(module, hidden, lp, col, out[col], embed),
+                          path_table(start, hidden, lp, col, out[col], embed), atol=1e-5)
+    trained = {n for n, p in module.named_parameters() if p.requires_grad}
+    assert trained == ({"down.weight", "bigram_u.weight", "bigram_v.weight"} if init == "stack"
+                       else {n for n, _ in module.named_parameters()})
 
 
 def test_save_and_load(tmp_path):

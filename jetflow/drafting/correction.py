@@ -43,6 +43,9 @@ class CorrectionConfig:
     rank: int = 128            # the low-rank MLP's inner width
     candidates: int = 64       # C: at most the head's top-C tokens per depth are re-scored; the builder expands only them
     rms_norm_eps: float = 1e-5
+    spine: bool = False        # also fed norm(E(s)), s the head's first choice at the parent's depth (what it assumed)
+    bigram_rank: int = 0       # > 0: plus a low-rank bigram bias u[p] . v[c] over token ids (context-free)
+    vocab_size: int = 0        # the bigram tables' rows (the target's vocabulary)
 
 
 class PathCorrection(nn.Module):
@@ -52,9 +55,14 @@ class PathCorrection(nn.Module):
         super().__init__()
         c = self.config = config
         self.parent_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)  # the target's embedding is not at h's scale
-        self.down = nn.Linear(2 * c.hidden_size, c.rank)
+        self.down = nn.Linear((3 if c.spine else 2) * c.hidden_size, c.rank)
         self.up = nn.Linear(c.rank, c.hidden_size, bias=False)
         nn.init.zeros_(self.up.weight)  # starts as the identity: the head's own rows
+        if c.bigram_rank:
+            self.bigram_u = nn.Embedding(c.vocab_size, c.bigram_rank)
+            self.bigram_v = nn.Embedding(c.vocab_size, c.bigram_rank)
+            nn.init.normal_(self.bigram_u.weight, std=0.02)
+            nn.init.zeros_(self.bigram_v.weight)  # a zero bias to start
 
     def table_size(self, budget: int | None = None) -> int:
         """C' of a round of ``budget`` draft nodes: its table re-scores the top-C' candidates per depth,
@@ -63,8 +71,16 @@ class PathCorrection(nn.Module):
         c = self.config.candidates
         return c if budget is None else min(c, max(MIN_CANDIDATES, budget))
 
-    def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        return self.up(F.silu(self.down(torch.cat([h, self.parent_norm(e)], dim=-1))))
+    def forward(self, h: torch.Tensor, e: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
+        """h, e (the parent's embedding) and, with ``config.spine``, s (the head's first choice there) -> delta."""
+        parts = [h, self.parent_norm(e)] + ([self.parent_norm(s)] if self.config.spine else [])
+        return self.up(F.silu(self.down(torch.cat(parts, dim=-1))))
+
+    def bigram(self, parent: torch.Tensor, child: torch.Tensor) -> torch.Tensor | float:
+        """Token ids parent (..., P, 1) and child (..., 1, C) -> the bigram bias (..., P, C) (0 without one)."""
+        if not self.config.bigram_rank:
+            return 0.0
+        return (self.bigram_u(parent) * self.bigram_v(child)).sum(-1)
 
     def save(self, folder: str | Path, provenance: dict) -> Path:
         """``correction.safetensors`` (fp32) and ``correction.json`` (config + ``provenance``) in ``folder``."""
@@ -116,17 +132,19 @@ def path_table(correction: PathCorrection, hidden: torch.Tensor, cand_logp: torc
     dtype = next(correction.parameters()).dtype
     h = hidden[..., 1:, None, :].to(dtype)                                       # (..., D-1, 1, H)
     e = F.embedding(cand_ids[..., :-1, :], embed).to(dtype)                      # (..., D-1, C, H) parents
-    delta = correction(h.expand(*e.shape), e)                                    # (..., D-1, C, H)
+    s = F.embedding(cand_ids[..., :-1, :1], embed).to(dtype).expand(*e.shape)    # the head's first choices
+    delta = correction(h.expand(*e.shape), e, s)                                 # (..., D-1, C, H)
     shift = delta @ cand_rows[..., 1:, :, :].to(dtype).transpose(-1, -2)         # (..., D-1, C, C)
+    shift = shift + correction.bigram(cand_ids[..., :-1, :, None], cand_ids[..., 1:, None, :])
     return corrected_logp(cand_logp[..., 1:, None, :].float(), shift.float())
 
 
-def random_correction(hidden_size: int, candidates: int = 8, rank: int = 16, seed: int = 0, scale: float = 0.5
-                      ) -> PathCorrection:
+def random_correction(hidden_size: int, candidates: int = 8, rank: int = 16, seed: int = 0, scale: float = 0.5,
+                      **extra) -> PathCorrection:
     """A correction with random weights (``up`` included, so it does change the rows): for tests and the
-    checks that run random heads."""
+    checks that run random heads; ``extra``: more ``CorrectionConfig`` fields (spine, bigram_rank, vocab_size)."""
     g = torch.Generator().manual_seed(seed)
-    module = PathCorrection(CorrectionConfig(hidden_size, rank, candidates))
+    module = PathCorrection(CorrectionConfig(hidden_size, rank, candidates, **extra))
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * scale / p.shape[-1] ** 0.5)

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from pathlib import Path
+
 import torch
 
 from .checkpoint import check_compatible
@@ -42,6 +44,7 @@ class Method:
     beyond_paper: bool = False            # not in the JetFlow paper: an ablation or an addition
     hf_kwargs: tuple[tuple[str, object], ...] | None = None  # transformers generate's own loop, these kwargs
     proposer: Callable | None = None      # target -> proposer, for a training-free method
+    correction: str = ""                  # "": the correction in the head's folder; else the one in <head>-<correction>
 
     def __post_init__(self):
         if (self.head is None) != (self.builder is None):
@@ -109,6 +112,13 @@ _REGISTRY = _entries(
            "with the head's next ranks (rescaled to the row's leftover mass), so big budgets reach deeper ranks",
            head="jetflow", builder="path_tail_prefix", beyond_paper=True),
     "jetflow-pcx+lookup",
+    # other corrections beside the path one (issue 41), each in its own folder beside the head's
+    Method("jetflow-pcb", "jetflow-pc whose children also get a low-rank bigram bias from their parent's token, "
+           "trained on top of the frozen path correction (<head>-pcb/correction.safetensors)", head="jetflow",
+           builder="path_prefix", beyond_paper=True, correction="pcb"),
+    Method("jetflow-pcs", "jetflow-pc whose correction is also fed the head's own first choice at the parent's depth "
+           "(what its row assumed), fine-tuned from the path correction (<head>-pcs/correction.safetensors)",
+           head="jetflow", builder="path_prefix", beyond_paper=True, correction="pcs"),
     # per-round budget (issue 19, item 4): the calibrated tree cut where one more node costs more than it earns
     Method("jetflow-stop", "causal head + calibrated_stop: jetflow-cal's tree, grown while the next node's measured "
            "acceptance pays for its marginal verify cost (verify_cost.json), the budget a cap", head="jetflow",
@@ -193,7 +203,7 @@ def make_proposer(method: str, target, *, head: str | None = None, width: int = 
     path = head or shipped_head_dir(m.head)
     draft = load_head(path, draft_dtype or default_draft_dtype(target), target.device, loaded)
     check_compatible(draft.config, target.config)
-    correction = load_correction(path)
+    correction = load_correction(Path(path).parent / f"{Path(path).name}-{m.correction}" if m.correction else path)
     proposer = HeadProposer(draft, target, m.builder, width, load_profile(path),
                             None if correction is None else correction.to(target.device), load_cost(path))
     return LookupMerged(proposer) if m.lookup_merged else proposer

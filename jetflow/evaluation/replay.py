@@ -217,8 +217,8 @@ def replay(target, methods: Sequence[str], traces_by_dataset: Mapping[str, Seque
     cost = load_cost((heads or {}).get("jetflow") or shipped_head_dir("jetflow"))  # the target's, on this CPU
     setup = {"draft_dtype": str(draft_dtype).removeprefix("torch."), "note": REPLAY_NOTE, **env}
     k = max(max(budgets), max(widths))
-    for kind in dict.fromkeys(registry.method(m).head for m in methods):
-        mine = [m for m in methods if registry.method(m).head == kind]
+    for kind, own in dict.fromkeys((registry.method(m).head, registry.method(m).correction) for m in methods):
+        mine = [m for m in methods if (registry.method(m).head, registry.method(m).correction) == (kind, own)]
         proposer = make_proposer(mine[0], target, head=(heads or {}).get(kind), draft_dtype=draft_dtype)
         proposer = getattr(proposer, "inner", proposer)  # the head's own proposer, lookup merged or not
         for ds, traces in traces_by_dataset.items():

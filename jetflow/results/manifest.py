@@ -149,6 +149,11 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # correction and the shipped one with its own
     *(Entry(name, ("replay", "--methods", SIBLING_METHODS, *SIBLING_PROMPTS, *extra), "sibling", 1)
       for name, extra in (("cpu-sibling-pool1", ("--jetflow-head", POOL1_HEAD)), ("cpu-sibling-shipped", ()))),
+    # the corrections beside the path one (issue 41), each trained on top of the whole-pool head's path correction
+    # from the features of `train-correction --max-seqs 192 --spread` (data/heads/<head>-pcb, -pcs): the same
+    # held-out prompts as cpu-sibling-pool1 (`make corrections`)
+    *(Entry(f"cpu-corrections-{v}", ("replay", "--methods", f"jetflow-{v}", *SIBLING_PROMPTS, "--jetflow-head",
+                                       POOL1_HEAD), "corrections", 1) for v in ("pc", "pcb", "pcs")),
 )}
 GROUPS = tuple(dict.fromkeys(e.group for e in ENTRIES.values()))
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from jetflow.util.paths import REPO as ROOT
+from .ablation import ablation_markdown
 from .tables import (by_dataset, correction_gain, decoded, grid, headline, replay_tau, same_steps, sampling,
                      sibling_headline, sibling_heldout, speed_auto, stop_vs_fixed, tau_curve, train_throughput,
                      trees_vs_ddtree)
@@ -55,6 +56,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "pool1-fp32-budget": lambda res: grid(res, ["cpu-pool1-fp32-budget-gsm8k", "cpu-pool1-fp32-budget-math500"]),
     "sibling-heldout": sibling_heldout,
     "sibling-headline": sibling_headline,
+    "corrections": lambda res: ablation_markdown(res, [f"cpu-corrections-{v}" for v in ("pc", "pcb", "pcs")],
+                                                 "data/heads/smollm2-135m-jetflow-pool1"),
 }
 
 
@@ -64,7 +67,7 @@ DOCUMENTS: dict[str, tuple[str, ...]] = {  # document (relative to the checkout)
     "docs/results.md": ("replay-tau", "gsm8k-fp32", "math500-fp32", "speed-bf16", "baselines-bf16", "table-bf16",
                         "merged-bf16", "merged-fp32", "merged-auto", "replay-tau-merged", "replay-trees",
                         "replay-stop", "replay-correction", "sampling", "pc-bf16", "pc-fp32", "pool1-correction",
-                        "pool1-fp32", "pool1-fp32-budget", "sibling-heldout"),
+                        "pool1-fp32", "pool1-fp32-budget", "sibling-heldout", "corrections"),
 }
 
 

@@ -53,6 +53,16 @@ class CorrectionTrainConfig:
     heldout: float = option(0.05, "share of sequences held out (by a hash of the id)")
     rank: int = option(128, "inner width of the low-rank MLP")
     candidates: int = option(64, "C: the head's top-C candidates per depth that are re-scored (a round uses its first C')")
+    spine: bool = option(False, "also feed the correction the embedding of the head's first choice at the parent's depth "
+                         "(the token the head's row assumed)")
+    bigram_rank: int = option(0, "> 0: add a low-rank bigram bias from the parent's token to its children's logits")
+    init: str = option("none", "none: a fresh module; the head's: start from the correction beside the head (its "
+                       "weights copied in, new inputs at zero) and fine-tune all; stack: the same, frozen, training "
+                       "only the new parts", choices=("none", "head", "stack"))
+    keep: str = option("best", "best: the epoch of least held-out loss (epoch 0 is the starting module); last: the last "
+                       "epoch (to measure what the training did)", choices=("best", "last"))
+    variant: str | None = option(None, "write to the folder <head>-<variant> beside the head (a correction "
+                                 "`replay --correction` picks) instead of the head's own folder")
     epochs: int = option(6, "passes over the training features (the held-out best is kept)")
     batch_size: int = option(512, "(anchor, depth) examples per step")
     lr: float = option(2e-3, "peak AdamW learning rate (cosine to 0)")
@@ -209,15 +219,20 @@ def examples(feats: dict, mask: torch.Tensor) -> torch.Tensor:
     return ok.nonzero()
 
 
-def batch_logp(module: PathCorrection, feats: dict, ex: torch.Tensor, out: torch.Tensor, embed: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_logp(module: PathCorrection, feats: dict, ex: torch.Tensor, out: torch.Tensor, embed: torch.Tensor,
+               vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Corrected candidate log-probs (E, C) of examples ``ex`` with the true parent, and the truth's
-    corrected log-prob (E,) (a non-candidate truth keeps its head logit)."""
+    corrected log-prob (E,) (a non-candidate truth keeps its head logit). ``vocab`` (K,): each draft
+    column's token id (None: the identity)."""
     a, d = ex[:, 0], ex[:, 1]
+    token = (lambda col: col.long()) if vocab is None else (lambda col: vocab[col.long()])
     h = feats["hidden"][a, d].float()                                         # (E, H)
-    parent = embed[feats["truth"][a, d - 1]].float()                          # (E, H)
+    truth_parent = feats["truth"][a, d - 1]
+    parent = embed[truth_parent].float()                                      # (E, H)
+    spine = embed[token(feats["cand_col"][a, d - 1, 0])].float()              # (E, H) the head's first choice
     rows = out[feats["cand_col"][a, d].long()]                                # (E, C, H)
-    shift = (rows @ module(h, parent)[:, :, None])[..., 0]                    # (E, C)
+    shift = (rows @ module(h, parent, spine)[:, :, None])[..., 0]             # (E, C)
+    shift = shift + module.bigram(truth_parent[:, None], token(feats["cand_col"][a, d]))
     lp = corrected_logp(feats["cand_logp"][a, d], shift)
     pos = feats["truth_pos"][a, d]
     z = (feats["cand_logp"][a, d] + shift - lp)[:, 0]                         # the normaliser
@@ -226,13 +241,14 @@ def batch_logp(module: PathCorrection, feats: dict, ex: torch.Tensor, out: torch
 
 
 @torch.no_grad()
-def evaluate(module: PathCorrection, feats: dict, ex: torch.Tensor, out, embed, batch: int = 1024) -> dict:
+def evaluate(module: PathCorrection, feats: dict, ex: torch.Tensor, out, embed, batch: int = 1024,
+             vocab: torch.Tensor | None = None) -> dict:
     """Held-out loss and argmax accuracy, corrected and not, split by whether the parent (the true token
     at depth d-1) is the head's argmax there (spine) or not (off)."""
     sums = {k: 0.0 for k in ("loss", "n", "spine_n", "off_n", "spine_head", "off_head", "spine_corr", "off_corr")}
     ex = ex[feats["truth_pos"][ex[:, 0], ex[:, 1] - 1] >= 0]  # the parent is a candidate: a node a tree can hold
     for part in ex.split(batch):
-        lp, truth = batch_logp(module, feats, part, out, embed)
+        lp, truth = batch_logp(module, feats, part, out, embed, vocab)
         a, d = part[:, 0], part[:, 1]
         on = feats["truth_pos"][a, d - 1] == 0
         right = feats["truth_pos"][a, d]
@@ -246,18 +262,39 @@ def evaluate(module: PathCorrection, feats: dict, ex: torch.Tensor, out, embed, 
             **{f"{k}_{w}_acc": sums[f"{k}_{w}"] / max(sums[f"{k}_n"], 1) for k in ("spine", "off") for w in ("head", "corr")}}
 
 
+def initial_module(cfg: CorrectionTrainConfig, hidden: int, vocab_size: int, start: PathCorrection | None
+                   ) -> PathCorrection:
+    """The module a fit starts from: fresh, or (``cfg.init`` head/stack) ``start``'s weights copied in (a wider
+    ``down`` gets them in its first columns, the new ones zero); with stack, every whole copied tensor frozen."""
+    module = PathCorrection(CorrectionConfig(hidden, cfg.rank, cfg.candidates, spine=cfg.spine,
+                                             bigram_rank=cfg.bigram_rank, vocab_size=vocab_size))
+    if cfg.init == "none" or start is None:
+        return module
+    own = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, value in start.state_dict().items():
+            if value.shape == own[name].shape:
+                own[name].copy_(value)
+                own[name].requires_grad_(cfg.init != "stack")
+            else:
+                own[name].zero_()[..., :value.shape[-1]].copy_(value)
+    return module
+
+
 def fit(cfg: CorrectionTrainConfig, feats: dict, out: torch.Tensor, embed: torch.Tensor, ckpt: Path,
-        progress: bool = True) -> tuple[PathCorrection, list[dict]]:
+        progress: bool = True, vocab: torch.Tensor | None = None, start: PathCorrection | None = None
+        ) -> tuple[PathCorrection, list[dict]]:
     """AdamW on the training examples for ``cfg.epochs`` epochs (cosine schedule), the held-out slice
     evaluated after each; returns the module of the epoch with the least held-out loss. ``ckpt`` (module,
-    optimiser, history, that best state) is rewritten per epoch and resumed from."""
+    optimiser, history, that best state) is rewritten per epoch and resumed from. ``vocab``: the draft
+    columns' token ids; ``start``: the correction beside the head (``cfg.init``)."""
     torch.manual_seed(cfg.seed)
-    module = PathCorrection(CorrectionConfig(out.shape[1], cfg.rank, cfg.candidates))
-    opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    module = initial_module(cfg, out.shape[1], embed.shape[0], start)
+    opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay)
     train_ex, held_ex = examples(feats, ~feats["heldout"]), examples(feats, feats["heldout"])
     steps = math.ceil(len(train_ex) / cfg.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * min(i / (cfg.epochs * steps), 1))))
-    history = [{"epoch": 0, **evaluate(module, feats, held_ex, out, embed)}]
+    history = [{"epoch": 0, **evaluate(module, feats, held_ex, out, embed, vocab=vocab)}]
     best = {k: v.clone() for k, v in module.state_dict().items()}  # the epoch of least held-out loss so far
     if ckpt.is_file():
         state = torch.load(ckpt)
@@ -268,12 +305,12 @@ def fit(cfg: CorrectionTrainConfig, feats: dict, out: torch.Tensor, embed: torch
         order = train_ex[torch.randperm(len(train_ex), generator=torch.Generator().manual_seed(cfg.seed + epoch))]
         total = 0.0
         for part in order.split(cfg.batch_size):
-            _, truth = batch_logp(module, feats, part, out, embed)
+            _, truth = batch_logp(module, feats, part, out, embed, vocab)
             loss = -truth.mean()  # the truth's corrected log-prob, under its true parent
             opt.zero_grad(); loss.backward(); opt.step(); sched.step()
             total += loss.item() * part.shape[0]
             bar.update(1)
-        history.append({"epoch": epoch, "train_loss": total / len(train_ex), **evaluate(module, feats, held_ex, out, embed)})
+        history.append({"epoch": epoch, "train_loss": total / len(train_ex), **evaluate(module, feats, held_ex, out, embed, vocab=vocab)})
         bar.set_postfix(held=f"{history[-1]['loss']:.3f}", off=f"{history[-1]['off_corr_acc']:.3f}")
         if history[-1]["loss"] <= min(h["loss"] for h in history):
             best = {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -281,7 +318,8 @@ def fit(cfg: CorrectionTrainConfig, feats: dict, out: torch.Tensor, embed: torch
                     "history": history, "best": best}, ckpt.with_suffix(".tmp"))
         ckpt.with_suffix(".tmp").rename(ckpt)
     bar.close()
-    module.load_state_dict(best)  # few sequences overfit in a few epochs: keep the held-out best
+    if cfg.keep == "best":
+        module.load_state_dict(best)  # few sequences overfit in a few epochs: keep the held-out best
     return module.eval(), history
 
 
@@ -300,10 +338,15 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
     source = cached_source(cfg, target, files, tuple(proposer.taps)) if cfg.taps == "cached" else None
     tag = f"{head_dir.name}-{cfg.dtype}-c{cfg.candidates}-a{cfg.anchors}-r{cfg.max_response}-s{cfg.seed}"
     work = Path(cfg.cache).expanduser() if cfg.cache else cache_dir() / "correction" / tag
+    import time
+    began = time.perf_counter()
     feats = features(cfg, proposer, rows, work / "features", progress, source=source, numbers=[i for i, _ in indexed])
+    feature_minutes, began = (time.perf_counter() - began) / 60, time.perf_counter()
     fields = {k: v for k, v in asdict(cfg).items() if k not in ("taps", "taps_dir")}  # both sources: the same features
     run = hashlib.sha256(json.dumps(fields | {"out": None, "cache": None}, sort_keys=True).encode()).hexdigest()[:12]
-    module, history = fit(cfg, feats, proposer.out.float(), proposer.embed.float(), work / f"fit-{run}.pt", progress)
+    vocab = None if proposer.vocab is None else proposer.vocab.cpu()
+    module, history = fit(cfg, feats, proposer.out.float(), proposer.embed.float(), work / f"fit-{run}.pt", progress,
+                          vocab, proposer.correction.float().cpu() if proposer.correction is not None else None)
     shown = replace(cfg, data=portable_path(Path(cfg.data).expanduser()))  # the command as any machine reads it
     provenance = {"command": shell_join(command_args(shown, CorrectionTrainConfig(), ["python", "-m", "jetflow", "train-correction"],
                                                      skip=("out", "cache", "data_dir", "taps_dir"), always=("max_seqs", "epochs"))),
@@ -311,5 +354,7 @@ def train_correction(cfg: CorrectionTrainConfig, progress: bool = True) -> Path:
                   "sequence_ids_sha256": hashlib.sha256("\n".join(r["id"] for r in rows).encode()).hexdigest(),
                   "anchors": int(feats["truth"].shape[0]), "heldout_anchors": int(feats["heldout"].sum()),
                   "head": head_dir.name, "features": f"{cfg.dtype} target taps ({cfg.taps}), fp32 head",
-                  "kept_epoch": min(history, key=lambda h: h["loss"])["epoch"], "history": history}
-    return module.save(head_dir, provenance)
+                  "kept_epoch": min(history, key=lambda h: h["loss"])["epoch"] if cfg.keep == "best" else len(history) - 1, "history": history,
+                  "minutes_this_call": {"features": round(feature_minutes, 2),
+                                        "fit": round((time.perf_counter() - began) / 60, 2)}}
+    return module.save(head_dir.parent / f"{head_dir.name}-{cfg.variant}" if cfg.variant else head_dir, provenance)
