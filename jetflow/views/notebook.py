@@ -13,12 +13,31 @@ import os
 import warnings
 
 
+QUIET = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+         "TRANSFORMERS_VERBOSITY": "error"}  # what stored runs (notebooks/refresh.py, nbval) set for every kernel
+
+
+def quiet_progress_bars() -> None:
+    """No tqdm bar in a stored output: the GGUF loader's "Converting and de-quantizing GGUF tensors" and
+    transformers' "Loading weights" bars are tqdm widgets that a static render shows frozen at 0 %.
+    ``TQDM_DISABLE`` only reaches tqdm when set before its import, so a tqdm already imported is also
+    switched off in place (its default ``disable``)."""
+    for key, value in QUIET.items():
+        os.environ.setdefault(key, value)
+    if os.environ.get("TQDM_DISABLE") != "1":
+        return
+    import sys
+    from functools import partialmethod
+    std = sys.modules.get("tqdm.std")  # every tqdm class (auto, notebook, asyncio) derives from this one
+    if std is not None and not getattr(std.tqdm, "jetflow_quiet", False):
+        std.tqdm.__init__ = partialmethod(std.tqdm.__init__, disable=True)
+        std.tqdm.jetflow_quiet = True
+
+
 def notebook_setup(*, threads: int | None = None) -> bool:
     """Silence progress bars and deprecation chatter, set torch threads (1 in smoke mode unless
     ``threads`` says otherwise) and return whether this is a smoke run."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    quiet_progress_bars()
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
