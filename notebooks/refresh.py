@@ -12,7 +12,8 @@ execution timestamps. tests/test_notebook_outputs.py checks the result on every 
 A notebook that raises is left unchanged and the command fails, naming it. With ``--checked-only`` the
 whole notebook still runs, but only the checked cells' outputs are written back: the rest keep the outputs
 of the full-mode run that produced them (paths of a temporary folder, timings), so a change to committed
-rows refreshes just the numbers ``make test`` compares.
+rows refreshes just the numbers ``make test`` compares. With ``--setup-cell`` the first code cell becomes
+``jetflow.views.notebook.SETUP_CELL`` first (it must call ``notebook_setup()`` already).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from nbclient.exceptions import CellExecutionError
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from jetflow.views.notebook import QUIET  # noqa: E402  (the repository's, not an installed copy)
+from jetflow.views.notebook import QUIET, SETUP_CELL  # noqa: E402  (the repository's, not an installed copy)
 WIDGET = "application/vnd.jupyter.widget-view+json"  # a live widget: nothing to see without a kernel
 PLOTLY = "application/vnd.plotly.v1+json"
 
@@ -52,6 +53,16 @@ def clean(nb) -> None:
 CHECKED = "# NBVAL_CHECK_OUTPUT"
 
 
+def set_setup_cell(path: Path) -> None:
+    """Make the first code cell ``SETUP_CELL`` (install the kit where missing, notebook_setup, the data line)."""
+    nb = nbformat.read(path, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    if "notebook_setup()" not in first.source:
+        raise ValueError(f"{path}: the first code cell does not call notebook_setup(); edit it by hand")
+    first.source = SETUP_CELL
+    nbformat.write(nb, path)
+
+
 def refresh(path: Path, timeout: int, checked_only: bool = False) -> None:
     nb = nbformat.read(path, as_version=4)
     ran = nbformat.read(path, as_version=4)
@@ -72,6 +83,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     p.add_argument("--checked-only", action="store_true",
                    help="write back only the outputs of the # NBVAL_CHECK_OUTPUT cells")
+    p.add_argument("--setup-cell", action="store_true",
+                   help="first make each notebook's first code cell jetflow.views.notebook.SETUP_CELL")
     args = p.parse_args(argv)
     os.environ.update(JETFLOW_SMOKE="1", PLOTLY_RENDERER="plotly_mimetype", **QUIET)  # the kernels inherit these
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -79,6 +92,8 @@ def main(argv=None) -> int:
     for path in args.notebooks:
         print(f"refreshing {path}", file=sys.stderr, flush=True)
         try:
+            if args.setup_cell:
+                set_setup_cell(path)
             refresh(path, args.timeout, args.checked_only)
         except CellExecutionError as err:
             print(f"{path}: {str(err).splitlines()[0] if str(err) else 'a cell failed'}", file=sys.stderr)
