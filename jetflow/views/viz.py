@@ -58,7 +58,7 @@ def _nodes(name, idx, x, y, hover, marker, text=None) -> go.Scatter:
     return go.Scatter(x=[x[i] for i in idx], y=[y[i] for i in idx], name=name, customdata=idx,
                       mode="markers" if text is None else "markers+text",
                       text=None if text is None else [text[i] for i in idx], textposition="top center",
-                      textfont=dict(size=10, color="#333333"), cliponaxis=False,
+                      textfont=dict(size=12, color="#222222"), cliponaxis=False,
                       hovertext=[hover[i] for i in idx], hoverinfo="text", marker=marker)
 
 
