@@ -65,3 +65,14 @@ def test_a_missing_notebook_is_one_error_line(tmp_path, capsys):
 def test_an_empty_notebook_list_is_refused(tmp_path):
     with pytest.raises(ValueError, match="at least one notebook"):
         site.build([], tmp_path)
+
+
+def test_a_screenshot_right_after_its_live_plot_is_shown_once():
+    page = site.Page("x")
+    plot = {"cell_type": "code", "source": "fig", "outputs": [
+        {"output_type": "display_data", "data": {site.PLOTLY_MIME: {"data": [], "layout": {}}}}]}
+    shot = {"cell_type": "markdown", "source": "![a round](figures/00_round.png)\n\n*The round, drawn.*"}
+    page.cell(plot)
+    page.cell(shot)
+    page.cell(shot)  # not after a plot: kept
+    assert sum("00_round.png" in p for p in page.parts) == 1 and len(page.parts) == 2

@@ -19,6 +19,8 @@ import shutil
 from pathlib import Path
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+# a markdown cell that only shows a screenshot (and its caption): dropped after the live plot it pictures
+SCREENSHOT = re.compile(r"!\[[^\]]*\]\(figures/[^)]+\.png\)(\s*\*[^\n]*\*)?", re.S)
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 PLAYERS = "players"  # the folder of OUT whose tree players the index lists
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -82,7 +84,7 @@ class Page:
     """One notebook's HTML, built cell by cell; ``plots`` counts the live plotly figures."""
 
     def __init__(self, stem: str):
-        self.stem, self.parts, self.plots = stem, [], 0
+        self.stem, self.parts, self.plots, self.after_plot = stem, [], 0, False
 
     def output(self, out: dict) -> str:
         """One stored output as HTML (the richest form this page can show offline)."""
@@ -117,10 +119,15 @@ class Page:
 
     def cell(self, cell: dict) -> None:
         source = _text(cell.get("source", ""))
+        after_plot, self.after_plot = self.after_plot, False
         if cell.get("cell_type") == "markdown":
+            if after_plot and SCREENSHOT.fullmatch(source.strip()):
+                return  # the PNG of the live plot just above (for GitHub): shown once
             self.parts.append(f'<div class="cell md">{_markdown(source)}</div>')
         elif cell.get("cell_type") == "code":
+            plots = self.plots
             outs = "".join(self.output(o) for o in cell.get("outputs", []))
+            self.after_plot = self.plots > plots
             self.parts.append(f'<div class="cell"><div class="src">{_code(source)}</div>'
                               f'{f"<div class=out>{outs}</div>" if outs else ""}</div>')
 

@@ -58,7 +58,7 @@ def _nodes(name, idx, x, y, hover, marker, text=None) -> go.Scatter:
     return go.Scatter(x=[x[i] for i in idx], y=[y[i] for i in idx], name=name, customdata=idx,
                       mode="markers" if text is None else "markers+text",
                       text=None if text is None else [text[i] for i in idx], textposition="top center",
-                      textfont=dict(size=10, color="#333333"), cliponaxis=False,
+                      textfont=dict(size=12, color="#222222"), cliponaxis=False,
                       hovertext=[hover[i] for i in idx], hoverinfo="text", marker=marker)
 
 
@@ -228,4 +228,6 @@ def logp_table(logp: torch.Tensor, decode: Decode | None = None, top: int | None
                              y=list(range(1, probs.shape[0] + 1)), zmin=0, zmax=1, colorscale="Blues",
                              texttemplate="%{z:.2f}", showscale=False, xgap=2, ygap=2,
                              hovertemplate="depth %{y}, token %{x}<br>p = %{z:.3f}<extra></extra>"))
+    # the token axis sits on top: room above it for the title and subtitle, so they do not overlap
+    fig.update_layout(margin=dict(t=150), title=dict(y=0.98, yanchor="top"))
     return fig
