@@ -12,10 +12,16 @@
 - Plotly figures and HTML carry random ids: never compare them, even in a checked cell.
 """
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("JETFLOW_SMOKE", "1")
 ROOT = str(Path(__file__).resolve().parent.parent)
+sys.path.insert(0, ROOT)
+from jetflow.views.notebook import QUIET  # noqa: E402
+
+for key, value in QUIET.items():  # no tqdm bar in a kernel nbval starts (it reads these at import)
+    os.environ.setdefault(key, value)
 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 SKIP_COMPARE = ("application/vnd.plotly.v1+json", "text/html")

@@ -4,8 +4,11 @@
 
 Every cell runs top to bottom in a fresh kernel with ``JETFLOW_SMOKE=1`` (what ``pytest --nbval-lax``
 compares against), so the stored outputs, checked cells (``# NBVAL_CHECK_OUTPUT``) included, all come from
-one run of the current code. Plotly figures are not stored (their JSON carries random ids and weighs
-hundreds of kilobytes; the PNGs beside the notebooks show them on GitHub): their outputs are dropped.
+one run of the current code. Stored runs are quiet (``jetflow.views.notebook.QUIET``: no tqdm bar, which a
+static render would show frozen at 0 %). Plotly figures are stored as their JSON (1-5 kB each with the
+kit's template; ``make site`` turns them into live plots; the PNGs beside the notebooks show them on
+GitHub); widget views are dropped (without a kernel they render as their text repr), and so are the cells'
+execution timestamps. tests/test_notebook_outputs.py checks the result on every committed notebook.
 A notebook that raises is left unchanged and the command fails, naming it. With ``--checked-only`` the
 whole notebook still runs, but only the checked cells' outputs are written back: the rest keep the outputs
 of the full-mode run that produced them (paths of a temporary folder, timings), so a change to committed
@@ -23,19 +26,25 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 ROOT = Path(__file__).resolve().parent.parent
-DROPPED = ("application/vnd.plotly.v1+json", "text/html")  # figures; text and widget views stay
+sys.path.insert(0, str(ROOT))
+from jetflow.views.notebook import QUIET  # noqa: E402  (the repository's, not an installed copy)
+WIDGET = "application/vnd.jupyter.widget-view+json"  # a live widget: nothing to see without a kernel
+PLOTLY = "application/vnd.plotly.v1+json"
 
 
-def strip_figures(nb) -> None:
-    """Remove figure payloads from every output, then the outputs left with nothing to show."""
+def clean(nb) -> None:
+    """Drop widget views (with their text repr), the HTML twin of a stored plotly figure, and the
+    cells' execution timestamps; then the outputs left with nothing to show."""
     for cell in nb.cells:
+        cell.metadata.pop("execution", None)
         if cell.cell_type != "code":
             continue
         for out in cell.outputs:
-            for mime in DROPPED:
-                out.get("data", {}).pop(mime, None)
-            if "data" in out and set(out["data"]) == {"text/plain"} and out["data"]["text/plain"].startswith("Figure("):
-                out["data"].clear()
+            data = out.get("data", {})
+            if WIDGET in data:
+                data.clear()
+            if PLOTLY in data:
+                data.pop("text/html", None)
         cell.outputs = [o for o in cell.outputs if "data" not in o or o["data"]]
     nb.metadata.pop("widgets", None)
 
@@ -48,7 +57,7 @@ def refresh(path: Path, timeout: int, checked_only: bool = False) -> None:
     ran = nbformat.read(path, as_version=4)
     NotebookClient(ran, timeout=timeout, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
-    strip_figures(ran)
+    clean(ran)
     if checked_only:  # the stored notebook, with the checked cells' new outputs
         for cell, new in zip(nb.cells, ran.cells):
             if cell.cell_type == "code" and cell.source.startswith(CHECKED):
@@ -64,7 +73,7 @@ def main(argv=None) -> int:
     p.add_argument("--checked-only", action="store_true",
                    help="write back only the outputs of the # NBVAL_CHECK_OUTPUT cells")
     args = p.parse_args(argv)
-    os.environ.update(JETFLOW_SMOKE="1", PLOTLY_RENDERER="plotly_mimetype")  # the kernels inherit these
+    os.environ.update(JETFLOW_SMOKE="1", PLOTLY_RENDERER="plotly_mimetype", **QUIET)  # the kernels inherit these
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     failed = []
     for path in args.notebooks:

@@ -162,7 +162,12 @@ def wait_until(page, condition, what: str, timeout_s: float = 120) -> None:
         page.wait_for_timeout(500)
 
 
+NO_MODEBAR = ".modebar-container { display: none !important; }"  # plotly's toolbar: not part of a figure
+
+
 def shot_locator(page, output, path: Path) -> Path:
+    page.add_style_tag(content=NO_MODEBAR)
+    page.mouse.move(0, 0)  # no hover label either
     height = output.bounding_box()["height"]  # the notebook scrolls inside a fixed layout: fit the viewport to it
     page.set_viewport_size({"width": page.viewport_size["width"], "height": max(800, int(height) + 250)})
     output.scroll_into_view_if_needed()

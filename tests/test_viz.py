@@ -293,7 +293,8 @@ def test_training_curves():
 
 # ----------------------------------------------------------------------------- token labels
 @pytest.mark.parametrize("text,label", [(" the", "·the"), ("a\nb", "a⏎b"), ("<b>", "&lt;b&gt;"),
-                                        ("abcdefghijkl", "abcdefghi…")])
+                                        ("abcdefghijkl", "abcdefghi…"), (".", "'.'"), (" ", "'·'"),
+                                        (",", "','")])
 def test_node_text(text, label):
     assert viz_style.node_text(0, lambda ids: text) == label
 

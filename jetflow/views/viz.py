@@ -228,4 +228,6 @@ def logp_table(logp: torch.Tensor, decode: Decode | None = None, top: int | None
                              y=list(range(1, probs.shape[0] + 1)), zmin=0, zmax=1, colorscale="Blues",
                              texttemplate="%{z:.2f}", showscale=False, xgap=2, ygap=2,
                              hovertemplate="depth %{y}, token %{x}<br>p = %{z:.3f}<extra></extra>"))
+    # the token axis sits on top: room above it for the title and subtitle, so they do not overlap
+    fig.update_layout(margin=dict(t=150), title=dict(y=0.98, yanchor="top"))
     return fig

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from .viz_style import CONVENTIONS, DASHES, PALETTE, colour, figure
+from .palette import method_colour
+from .viz_style import CONVENTIONS, DASHES, PALETTE, figure
 
 
 def budget_curve(rows: Sequence[dict], y: str = "tau") -> go.Figure:
@@ -30,7 +31,6 @@ def budget_curve(rows: Sequence[dict], y: str = "tau") -> go.Figure:
         pts[row["budget"]] = row[y]
     if not series:
         raise ValueError("budget_curve needs at least one row")
-    methods = list(dict.fromkeys(m for m, _ in series))
     datasets = list(dict.fromkeys(d for _, d in series))
     budgets = sorted({b for pts in series.values() for b in pts})
     fig = figure(f"{y} against draft budget", CONVENTIONS, height=max(450, 22 * len(series) + 160),  # legend fits
@@ -42,7 +42,7 @@ def budget_curve(rows: Sequence[dict], y: str = "tau") -> go.Figure:
         name = method if len(datasets) == 1 or dataset is None else f"{method} / {dataset}"
         fig.add_trace(go.Scatter(
             x=xs, y=[pts[b] for b in xs], mode="lines+markers", name=name,
-            line=dict(color=colour(methods.index(method)),
+            line=dict(color=method_colour(method),
                       dash=DASHES[datasets.index(dataset) % len(DASHES)])))
     return fig
 

@@ -38,8 +38,11 @@ def figure(title: str, subtitle: str | None = None, **layout) -> go.Figure:
 
 def node_text(token: int, decode: Decode | None, limit: int = 10) -> str:
     """A node's on-figure label: the token's text with whitespace made visible (space = "·",
-    newline = "⏎"), cut to ``limit`` characters, HTML-escaped (plotly renders a little HTML)."""
+    newline = "⏎"), cut to ``limit`` characters, HTML-escaped (plotly renders a little HTML). A token with
+    no letter or digit (``.``, ``,``, a lone space) is quoted, ``'.'``, so it is not a speck on the figure."""
     text = decode([token]) if decode is not None else str(token)
     text = text.replace(" ", "·").replace("\n", "⏎").replace("\t", "⇥")
+    if text and not any(ch.isalnum() for ch in text):
+        text = f"'{text}'"
     text = text if len(text) <= limit else text[:limit - 1] + "…"
     return html.escape(text, quote=False)

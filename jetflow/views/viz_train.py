@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from jetflow.evaluation.rows import at_budget
+from .palette import method_colour
 from .viz_style import PATH, TEMPLATE, colour
 
 
@@ -31,12 +32,12 @@ def heads_curves(histories: Mapping[str, Sequence[dict]], title: str = "Held-out
     if not histories:
         raise ValueError("heads_curves needs at least one history")
     fig = make_subplots(rows=1, cols=2, subplot_titles=["simulated tau", "depth-1 accuracy"])
-    for i, (name, history) in enumerate(histories.items()):
+    for name, history in histories.items():
         points = curve_points(history)
         if not points:
             raise ValueError(f"history {name!r} has no evaluated step")
         steps, taus, acc1 = zip(*points)
-        color = colour(i)
+        color = method_colour(name)
         for col, ys in ((1, taus), (2, acc1)):
             fig.add_trace(go.Scatter(x=steps, y=ys, mode="lines+markers", name=name, legendgroup=name,
                                      showlegend=col == 1, line=dict(color=color)), row=1, col=col)
@@ -55,12 +56,12 @@ def data_curve(rows: Sequence[dict], budget: int) -> go.Figure:
     datasets, methods = list(dict.fromkeys(r["dataset"] for r in picked)), list(dict.fromkeys(r["method"] for r in picked))
     fig = make_subplots(rows=1, cols=len(datasets), subplot_titles=datasets, shared_yaxes=True)
     for col, ds in enumerate(datasets, start=1):
-        for i, m in enumerate(methods):
+        for m in methods:
             points = sorted((r["response_tokens_seen"], r["tau"]) for r in picked if r["dataset"] == ds and r["method"] == m)
             if points:
                 x, y = zip(*points)
                 fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=m, legendgroup=m, showlegend=col == 1,
-                                         line=dict(color=colour(i))), row=1, col=col)
+                                         line=dict(color=method_colour(m))), row=1, col=col)
         fig.update_xaxes(type="log", title_text="response tokens seen", row=1, col=col)
     fig.update_yaxes(title_text=f"replayed tau (budget {budget})", row=1, col=1)
     fig.update_layout(template=TEMPLATE, title=dict(text="Replayed tau against training data"))
