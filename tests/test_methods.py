@@ -71,6 +71,19 @@ def test_everything_that_lists_methods_derives_from_the_registry():
     assert {a.dest for a in sub["bench"]._actions} >= {f"{kind}_head" for kind in methods.HEAD_KINDS}
 
 
+def test_reported_methods_cover_the_readme_and_feed_the_explorer():
+    """REPORTED (what notebook 03's explorer offers) holds every method of the README's headline table and every
+    method the README's text names in backticks; notebook 03 reads it instead of its own list."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    named = {m for m in re.findall(r"`([a-z0-9+-]+)`", readme) if m in methods.METHODS}
+    assert {m for m, _ in tables.HEADLINE} | named <= set(methods.REPORTED)
+    explorer = (root / "notebooks" / "03_tree_explorer.ipynb").read_text(encoding="utf-8")
+    assert "REPORTED" in explorer and "jetflow-pc" in methods.REPORTED
+
+
 def test_head_path_reads_the_head_kind():
     heads = {"dflash": "/d", "jetflow": "/j"}
     assert [methods.head_path(m, heads) for m in ("ddtree", "jetflow+lookup", "lookup")] == ["/d", "/j", None]

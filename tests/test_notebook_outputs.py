@@ -31,7 +31,7 @@ RESULTS = re.compile(r"data/results/([A-Za-z0-9_.-]+)")
 PICTURE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)|<img [^>]*src=\"([^\"]+)\"")
 PLOTLY_MAX_BYTES = 20_000
 # notebooks another helper refreshes (issue 39): drop a name once its notebook is refreshed with refresh.py
-PENDING = {"01_how_jetflow_drafts", "03_tree_explorer", "05_budget_scaling"}
+PENDING: set[str] = set()
 
 
 def text(value) -> str:

@@ -127,6 +127,9 @@ _REGISTRY = _entries(
 )
 METHODS: dict[str, Method] = {m.name: m for m in _REGISTRY}
 HEAD_KINDS = tuple(dict.fromkeys(m.head for m in _REGISTRY if m.head))  # ("dflash", "jetflow")
+# the methods the README reports (its headline table and takeaways): what notebook 03's explorer offers and 05 reads
+REPORTED = ("ar", "lookup", "dflash", "ddtree", "jetflow", "jetflow-bp", "jetflow+lookup", "jetflow-pc", "jetflow-pc+lookup")
+assert set(REPORTED) <= set(METHODS)
 
 
 def method(name: str) -> Method:
