@@ -76,13 +76,13 @@ class CompiledDraft:
         return tuple(t.clone() for t in out) if self.device.type == "cuda" else out
 
     @torch.no_grad()
-    def warmup(self, embed: torch.Tensor, up_to: int | None = None) -> dict[int, float]:
-        """Compile (or load) the graph of every context bucket up to the one holding ``up_to`` rows (default:
-        every bucket) on a throwaway one-row context (shapes, not values, pick the graph);
-        returns {bucket: seconds of its first call}."""
+    def warmup(self, embed: torch.Tensor, up_to: int | None = None, shortest: int = 1) -> dict[int, float]:
+        """Compile (or load) the graph of every context bucket from the one holding ``shortest`` rows (a run's
+        shortest prompt) up to the one holding ``up_to`` rows (default: the last bucket) on a throwaway one-row
+        context (shapes, not values, pick the graph); returns {bucket: seconds of its first call}."""
         buckets = self.config.head_contexts
-        if up_to is not None:
-            buckets = buckets[:buckets.index(self.config.context(max(1, up_to))) + 1]
+        top = buckets.index(self.config.context(max(1, up_to))) + 1 if up_to is not None else len(buckets)
+        buckets = buckets[buckets.index(self.config.context(max(1, min(shortest, up_to or shortest)))):top]
         rows = torch.zeros(1, self.head.fc.in_features, device=self.device)
         one = self.head.extend(None, rows.reshape(1, 1, -1))
         for size in buckets:
@@ -119,9 +119,9 @@ class CompiledPass:
         """Compiled already: no twin."""
         return None
 
-    def warmup(self, up_to: int | None = None) -> dict[int, float]:
-        """``CompiledDraft.warmup`` of this twin's draft pass: every context bucket up to ``up_to`` rows."""
-        return self.draft.warmup(self.embed, up_to)
+    def warmup(self, up_to: int | None = None, shortest: int = 1) -> dict[int, float]:
+        """``CompiledDraft.warmup`` of this twin's draft pass: the context buckets from ``shortest`` to ``up_to`` rows."""
+        return self.draft.warmup(self.embed, up_to, shortest)
 
     def depth_hidden(self, state, tokens, new_taps) -> torch.Tensor:
         state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))

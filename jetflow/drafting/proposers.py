@@ -266,7 +266,7 @@ class LookupMerged:
         return dataclasses.replace(self, inner=target.draft_proposer(self.inner))
 
 
-    def warmup(self, up_to: int | None = None) -> dict[int, float]:
+    def warmup(self, up_to: int | None = None, shortest: int = 1) -> dict[int, float]:
         """Its inner proposer's draft-pass warmup (a compiled twin's ``CompiledPass.warmup``), or nothing."""
         hook = getattr(self.inner, "warmup", None)
-        return hook(up_to) if hook is not None else {}
+        return hook(up_to, shortest) if hook is not None else {}

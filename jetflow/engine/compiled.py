@@ -294,10 +294,11 @@ class CompiledTarget(Target):
                 self.forward(torch.zeros(size, dtype=torch.long), cache)
         return {s: self.engine.compile_s[s] for s in sizes}
 
-    def warm(self, proposers=(), *, rows: int | None = None, tree: int | None = None) -> list[dict]:
+    def warm(self, proposers=(), *, rows: int | None = None, tree: int | None = None, shortest: int = 1) -> list[dict]:
         """Compile (or load) every graph a run can reach, before any timing: the target's query sizes up to
         the one a ``tree``-token verify pads to (default: all) and, for each proposer whose compiled twin
-        has a ``warmup`` hook, its draft pass's context buckets up to ``rows`` context rows (default: all).
+        has a ``warmup`` hook, its draft pass's context buckets from ``shortest`` (the shortest prompt: a head's
+        context never holds fewer rows) up to ``rows`` context rows (default: the last).
         Returns one row per graph compiled or loaded by this call ({"graph", "size", "seconds"})."""
         cfg = self.engine.config
         top = cfg.padded(tree) if tree is not None else cfg.query_sizes[-1]
@@ -306,7 +307,7 @@ class CompiledTarget(Target):
         for proposer in proposers:
             hook = getattr(self.draft_proposer(proposer), "warmup", None)
             if hook is not None:
-                hook(None if rows is None else min(rows, cfg.cache_len))
+                hook(None if rows is None else min(rows, cfg.cache_len), shortest)
         seconds = {("target", s): t for s, t in self.engine.compile_s.items()}
         seconds.update({("draft", h, s): t for h, d in self.engine.drafts.items() for s, t in d.compile_s.items()})
         return [{"graph": key[0], "size": key[-1], "seconds": seconds[key]}

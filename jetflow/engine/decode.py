@@ -137,13 +137,14 @@ def verify_step(target: Target, tree: Tree, cache, taps: tuple[int, ...]):
     return past, target.forward(tree.tokens, cache, positions=tree.depth + past, mask=mask, taps=taps)
 
 
-def _warm(target: Target, proposer, rows: int, budget: int) -> float:
+def _warm(target: Target, proposer, rows: int, budget: int, max_new_tokens: int) -> float:
     """A compiled target's warmup before the clock starts (``CompiledTarget.warm``): every graph this decode can
     reach, so no round compiles; the seconds it took (0 on an eager or already warm target)."""
     if not hasattr(target, "warm"):
         return 0.0
     return sum(r["seconds"] for r in target.warm([proposer] if proposer is not None else [], rows=rows,
-                                                  tree=budget + 1 if proposer is not None else 1))
+                                                  tree=budget + 1 if proposer is not None else 1,
+                                                  shortest=rows - max_new_tokens))
 
 
 @torch.no_grad()
@@ -162,7 +163,7 @@ def generate(target: Target, prompt, proposer=None, *, budget: int = 16, max_new
     if hasattr(target, "draft_proposer"):  # a compiled target compiles a head's draft pass too
         proposer = target.draft_proposer(proposer)
     taps = tuple(getattr(proposer, "taps", ())) if proposer is not None else ()
-    warmed = _warm(target, proposer, ids.numel() + max_new_tokens, budget)
+    warmed = _warm(target, proposer, ids.numel() + max_new_tokens, budget, max_new_tokens)
 
     t0 = time.perf_counter()
     cache = target.new_cache()
