@@ -217,7 +217,7 @@ def test_compiled_sampling_matches_target_distribution(small_vocab_target):
     """The eager distribution test (chi-square over every 3-token continuation) on the compiled path."""
     target = compile_target(small_vocab_target, CompileConfig(cache_len=32, query_sizes=(1, 13)))
     eager_distribution_test(target, 1.0)
-    assert set(target.engine.compile_s) == {13}  # every tree (12 drafts + root) ran the compiled graph
+    assert set(target.engine.compile_s) == {1, 13}  # generate's warmup compiles both; every tree ran the 13 graph
 
 
 @pytest.mark.parametrize("argv", [["generate", "--prompt", "hi"], ["bench"]])
@@ -238,3 +238,30 @@ def test_speed_draft_rows_time_and_compare_both_passes(eager_target, compiled, h
     assert [(r["method"], r["path"]) for r in rows] == [("jetflow+lookup", "eager"), ("jetflow+lookup", "compiled")]
     assert all(r["context"] == 10 and r["seconds"] > 0 and r["argmax_differs"] == 0 for r in rows)
     assert rows[0]["max_abs_diff"] < 1e-3
+
+
+def test_nothing_compiles_after_warmup(compiled, head_proposers):
+    """``warm`` compiles every query size and every head bucket up front; a decode crossing from the 64 bucket
+    into the 128 one afterwards compiles nothing (no new graph, no dynamo frame) and reports no compile time."""
+    from torch._dynamo.utils import counters
+    rows = compiled.warm(head_proposers.values())
+    assert compiled.warm(head_proposers.values()) == []  # warm already: nothing to do
+    assert {("target", s) for s in SIZES} | {("draft", 64), ("draft", 128)} \
+        == {(key[0], key[-1]) for key in compiled.compiled_graphs()}
+    assert all(r["seconds"] > 0 for r in rows)
+    before, graphs = dict(counters["stats"]), compiled.compiled_graphs()
+    ids = torch.tensor(PROMPTS[0] * (80 // len(PROMPTS[0]) + 1))[:80]  # 80 rows of context: the 128 bucket
+    for proposer in [None, *head_proposers.values()]:
+        res = generate(compiled, ids, proposer, budget=8, max_new_tokens=12)
+        assert res.compile_s == 0.0 and res.new_tokens >= 1
+    assert compiled.compiled_graphs() == graphs
+    assert dict(counters["stats"]) == before, "a decode after warmup compiled a graph"
+
+
+def test_generate_warms_before_its_clock():
+    """On a cold compiled target ``generate`` pays the compile before timing and reports it apart."""
+    target = compile_target(Target(tiny_model("llama", 16, layers=1), ByteTokenizer(), "tiny"),
+                            CompileConfig(cache_len=32, query_sizes=(1,)))
+    res = generate(target, torch.tensor([3, 4, 5]), None, max_new_tokens=4)
+    assert res.compile_s > 0 and res.compile_s == sum(target.engine.compile_s.values())
+    assert generate(target, torch.tensor([3, 4, 5]), None, max_new_tokens=4).compile_s == 0.0

@@ -75,6 +75,21 @@ class CompiledDraft:
                                lambda: call_frozen(self.graphs[size], self.config.freezing, self.device, *args))
         return tuple(t.clone() for t in out) if self.device.type == "cuda" else out
 
+    @torch.no_grad()
+    def warmup(self, embed: torch.Tensor, up_to: int | None = None, shortest: int = 1) -> dict[int, float]:
+        """Compile (or load) the graph of every context bucket from the one holding ``shortest`` rows (a run's
+        shortest prompt) up to the one holding ``up_to`` rows (default: the last bucket) on a throwaway one-row
+        context (shapes, not values, pick the graph); returns {bucket: seconds of its first call}."""
+        buckets = self.config.head_contexts
+        top = buckets.index(self.config.context(max(1, up_to))) + 1 if up_to is not None else len(buckets)
+        buckets = buckets[buckets.index(self.config.context(max(1, min(shortest, up_to or shortest)))):top]
+        rows = torch.zeros(1, self.head.fc.in_features, device=self.device)
+        one = self.head.extend(None, rows.reshape(1, 1, -1))
+        for size in buckets:
+            if size not in self.compile_s:
+                self(HeadState(one.kv, size), 0, embed)
+        return {s: self.compile_s[s] for s in buckets}
+
 
 def shared_draft(target, head: torch.nn.Module, out: torch.Tensor) -> CompiledDraft:
     """The compiled draft pass of ``head`` (scored by ``out``) on the compiled ``target``: one per head, kept
@@ -103,6 +118,10 @@ class CompiledPass:
     def compiled_for(self, target) -> None:
         """Compiled already: no twin."""
         return None
+
+    def warmup(self, up_to: int | None = None, shortest: int = 1) -> dict[int, float]:
+        """``CompiledDraft.warmup`` of this twin's draft pass: the context buckets from ``shortest`` to ``up_to`` rows."""
+        return self.draft.warmup(self.embed, up_to, shortest)
 
     def depth_hidden(self, state, tokens, new_taps) -> torch.Tensor:
         state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))

@@ -265,3 +265,8 @@ class LookupMerged:
         """Hook of a compiled ``target``: this merge around its inner proposer's compiled twin."""
         return dataclasses.replace(self, inner=target.draft_proposer(self.inner))
 
+
+    def warmup(self, up_to: int | None = None, shortest: int = 1) -> dict[int, float]:
+        """Its inner proposer's draft-pass warmup (a compiled twin's ``CompiledPass.warmup``), or nothing."""
+        hook = getattr(self.inner, "warmup", None)
+        return hook(up_to, shortest) if hook is not None else {}

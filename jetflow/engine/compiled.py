@@ -294,6 +294,30 @@ class CompiledTarget(Target):
                 self.forward(torch.zeros(size, dtype=torch.long), cache)
         return {s: self.engine.compile_s[s] for s in sizes}
 
+    def warm(self, proposers=(), *, rows: int | None = None, tree: int | None = None, shortest: int = 1) -> list[dict]:
+        """Compile (or load) every graph a run can reach, before any timing: the target's query sizes up to
+        the one a ``tree``-token verify pads to (default: all) and, for each proposer whose compiled twin
+        has a ``warmup`` hook, its draft pass's context buckets from ``shortest`` (the shortest prompt: a head's
+        context never holds fewer rows) up to ``rows`` context rows (default: the last).
+        Returns one row per graph compiled or loaded by this call ({"graph", "size", "seconds"})."""
+        cfg = self.engine.config
+        top = cfg.padded(tree) if tree is not None else cfg.query_sizes[-1]
+        before = self.compiled_graphs()
+        self.warmup(tuple(s for s in cfg.query_sizes if s <= top))
+        for proposer in proposers:
+            hook = getattr(self.draft_proposer(proposer), "warmup", None)
+            if hook is not None:
+                hook(None if rows is None else min(rows, cfg.cache_len), shortest)
+        seconds = {("target", s): t for s, t in self.engine.compile_s.items()}
+        seconds.update({("draft", h, s): t for h, d in self.engine.drafts.items() for s, t in d.compile_s.items()})
+        return [{"graph": key[0], "size": key[-1], "seconds": seconds[key]}
+                for key in sorted(self.compiled_graphs() - before, key=lambda k: (k[0], k[-1]))]
+
+    def compiled_graphs(self) -> set[tuple]:
+        """Every graph compiled or loaded so far: ("target", query size) and ("draft", id(head), bucket)."""
+        drafts = {("draft", h, s) for h, d in self.engine.drafts.items() for s in d.compile_s}
+        return {("target", s) for s in self.engine.compile_s} | drafts
+
 
 def compile_target(target: Target, config: CompileConfig = CompileConfig()) -> CompiledTarget:
     """The compiled counterpart of ``target`` (same model and weights; graphs compile on first use)."""
