@@ -108,3 +108,19 @@ def test_embedded_q4_carries_the_files_blocks_exactly(smol):
     for name in linears:
         layer = quant.quant_layer("q4", name, linears[name], blocks, torch.float32)
         assert (quant.dequantize(layer) - linears[name].weight).abs().max().item() == 0.0, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["q4"])
+def test_embedded_quantized_speculation_equals_its_own_ar(kind):
+    """On the embedded target quantized (bf16 activations, the fast backend), every decoding method's greedy
+    output equals the same quantized target's AR, on one GSM8K-style prompt."""
+    from jetflow.drafting import methods as registry
+    from jetflow.drafting.methods import make_proposer
+    from jetflow.engine.load import load_target
+    target = load_target(None, dtype="bfloat16", quant=kind)
+    prompt = "Natalia sold clips to 48 of her friends in April, and then half as many in May. How many in all?"
+    ref = generate(target, prompt, None, max_new_tokens=32).tokens
+    for method in registry.names(lambda m: m.decodes and m.name != "ar"):
+        got = generate(target, prompt, make_proposer(method, target), budget=16, max_new_tokens=32).tokens
+        assert got == ref, method
