@@ -20,6 +20,7 @@ from jetflow.drafting.head import DraftHead
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.decode import check_temperature, generate
 from jetflow.engine.load import DEVICE_HELP, NO_THINKING, THINKING_HELP, load_for_run, load_target
+from jetflow.engine.quant import QUANT_HELP, QUANTS
 from jetflow.evaluation import bench, budget, plan, replay
 from jetflow.evaluation.rows import write_rows
 from jetflow.results import correction_cost, curve, diagnose, throughput
@@ -62,13 +63,15 @@ def add_head_flags(p) -> None:
 
 
 def add_compile_flag(parser) -> None:
-    """``--compile``: decode on ``load_target(..., compile=True)`` (docs/compiled.md); off by default."""
+    """``--compile``: decode on ``load_target(..., compile=True)`` (docs/compiled.md); off by default; ``--quant``:
+    on ``load_target(..., quant=...)`` (int8 or q4 linears, ``jetflow.engine.quant``)."""
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the target over a static cache (each graph compiles on first use, "
                              "minutes on a CPU; when it pays: docs/compiled.md)")
     parser.add_argument("--cache-len", type=int, default=None, metavar="ROWS",
                         help="with --compile: the static KV cache's rows (default: sized from the run, the longest "
                              "prompt + max new tokens + the largest budget + 1, rounded up to 256)")
+    parser.add_argument("--quant", default=None, choices=QUANTS, help=QUANT_HELP)
 
 
 def add_plan_flag(parser) -> None:
@@ -151,7 +154,7 @@ def decode_once(args):
     largest = max(budget.CANDIDATES) if args.budget == "auto" else int(args.budget)
     target = load_for_run(args.model, [args.prompt], max_new_tokens=args.max_new_tokens, budget=largest,
                           dtype=args.dtype, device=args.device, thinking=args.thinking, compile=args.compile,
-                          cache_len=args.cache_len)
+                          cache_len=args.cache_len, quant=args.quant)
     proposer = make_proposer(args.method, target, head=args.head)
     nodes, prediction = args.budget, None
     if nodes == "auto":
@@ -288,7 +291,7 @@ def cmd_bench(args) -> int:
                           max_new_tokens=cfg.max_new_tokens, budget=max(cfg.budgets), dtype=cfg.dtype,
                           device=cfg.device, chat_kwargs=cfg.chat_template_kwargs, thinking=cfg.thinking,
                           compile=args.compile,
-                          cache_len=args.cache_len)
+                          cache_len=args.cache_len, quant=args.quant)
     journal = Path(args.out) / "runs.jsonl" if args.out else None
     rows = bench.run_settings(target, cfg, prompts, progress=not args.json, journal=journal)
     return _emit(rows, args, bench.to_markdown)

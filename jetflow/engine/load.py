@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .compiled import CompileConfig, compile_target, run_cache_len
+from .quant import QUANTS, quantize_model
 from .target import Target, check_supported
 
 EMBEDDED = "smollm2-135m"  # name of the embedded default target
@@ -49,10 +50,13 @@ def embedded_missing() -> str | None:
 
 
 @functools.lru_cache(maxsize=4)
-def load_eager(name: str | None, dtype: str, device: str | None) -> Target:
-    """The eager target ``name`` in ``dtype`` on ``device``, loaded once per process (see ``load_target``)."""
+def load_eager(name: str | None, dtype: str, device: str | None, quant: str | None = None) -> Target:
+    """The eager target ``name`` in ``dtype`` on ``device``, loaded once per process (see ``load_target``);
+    ``quant``: its linears quantized (``jetflow.engine.quant``; q4 from the embedded GGUF's own blocks)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if quant is not None and quant not in QUANTS:
+        raise ValueError(f"quant must be one of {', '.join(QUANTS)} or None, got {quant!r}")
     if name in (None, EMBEDDED):
         gguf = embedded_gguf()
         src, extra, label = str(gguf.parent), {"gguf_file": gguf.name}, EMBEDDED
@@ -67,15 +71,18 @@ def load_eager(name: str | None, dtype: str, device: str | None) -> Target:
     model.eval().requires_grad_(False)
     if device is not None:
         model.to(device)
+    if quant is not None:
+        quantize_model(model, quant, extra.get("gguf_file") and Path(src) / extra["gguf_file"])
     return Target(model=model, tokenizer=tok, name=label)
 
 
 @functools.lru_cache(maxsize=4)
-def load_compiled(name: str | None, dtype: str, device: str | None, cache_len: int | None = None) -> Target:
-    """The compiled counterpart of ``load_eager(name, dtype, device)`` (its model shared), once per process
-    and static cache length (None: ``CompileConfig``'s default)."""
+def load_compiled(name: str | None, dtype: str, device: str | None, cache_len: int | None = None,
+                  quant: str | None = None) -> Target:
+    """The compiled counterpart of ``load_eager(name, dtype, device, quant)`` (its model shared), once per
+    process and static cache length (None: ``CompileConfig``'s default)."""
     config = CompileConfig() if cache_len is None else CompileConfig(cache_len=cache_len)
-    return compile_target(load_eager(name, dtype, device), config)
+    return compile_target(load_eager(name, dtype, device, quant), config)
 
 
 def knows_thinking(tokenizer) -> bool:
@@ -98,16 +105,17 @@ def chat_kwargs_for(tokenizer, thinking: bool | None = None, extra: dict | None 
 
 def load_target(name: str | None = None, *, dtype: str = "float32", device: str | None = None,
                 chat_kwargs: dict | None = None, thinking: bool | None = None, compile: bool = False,
-                cache_len: int | None = None) -> Target:
+                cache_len: int | None = None, quant: str | None = None) -> Target:
     """Load (once per process) the target: None = the embedded SmolLM2-135M-Instruct GGUF,
     otherwise a hub id or a local directory. The chat template's switches are ``chat_kwargs_for(tokenizer,
     thinking, chat_kwargs)``: ``chat_kwargs`` as given, and thinking off where the template knows
     ``enable_thinking`` (Qwen3) unless ``thinking=True``. ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget``
     (torch.compile over a static cache; graphs compile on first use, see docs/compiled.md) whose cache holds
-    ``cache_len`` rows (None: 1,024; ``load_for_run`` sizes it from the run)."""
+    ``cache_len`` rows (None: 1,024; ``load_for_run`` sizes it from the run). ``quant`` "int8" or "q4": weight-only
+    quantized linears, lm_head included, computing in ``dtype`` (``jetflow.engine.quant``; CPU only)."""
     if cache_len is not None and not compile:
         raise ValueError("cache_len sizes the compiled target's static cache: pass compile=True with it")
-    target = load_compiled(name, dtype, device, cache_len) if compile else load_eager(name, dtype, device)
+    target = load_compiled(name, dtype, device, cache_len, quant) if compile else load_eager(name, dtype, device, quant)
     return replace(target, chat_kwargs=chat_kwargs_for(target.tokenizer, thinking, chat_kwargs))
 
 
