@@ -184,7 +184,7 @@ COMMANDS = (
     Command("diagnose", "acceptance on and off the argmax spine", _flags(diagnose.DiagnoseConfig, add_output_flags),
             cmd_diagnose),
     Command("cost", "the round-cost curve in AR steps, beside a head", _flags(budget.CostConfig), cmd_cost),
-    Command("speed", "eager vs compiled target vs llama.cpp; --backends: every backend beside llama.cpp",
+    Command("speed", "eager vs compiled, or --backends, vs llama.cpp",
             backends.speed_arguments, backends.speed_run),
     Command("throughput", "training slots/s: cached taps vs the online target", _flags(throughput.ThroughputConfig),
             cmd_throughput),
