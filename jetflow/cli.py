@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jetflow.data.regenerate import RegenerateConfig, regenerate_files
 from jetflow.evaluation import bench, budget, replay
-from jetflow.results import correction_cost, curve, diagnose, manifest, report, speed, throughput
+from jetflow.results import backends, correction_cost, curve, diagnose, manifest, report, speed, throughput
 from jetflow.training import correction_train
 from jetflow.training.config import PRESETS as TRAIN_PRESETS
 from jetflow.training.config import TrainConfig
@@ -184,7 +184,8 @@ COMMANDS = (
     Command("diagnose", "acceptance on and off the argmax spine", _flags(diagnose.DiagnoseConfig, add_output_flags),
             cmd_diagnose),
     Command("cost", "the round-cost curve in AR steps, beside a head", _flags(budget.CostConfig), cmd_cost),
-    Command("speed", "eager vs compiled target vs llama.cpp", speed.add_arguments, speed.run_args),
+    Command("speed", "eager vs compiled, or --backends, vs llama.cpp",
+            backends.speed_arguments, backends.speed_run),
     Command("throughput", "training slots/s: cached taps vs the online target", _flags(throughput.ThroughputConfig),
             cmd_throughput),
     Command("curve", "replayed tau against training data (k parts)", _flags(curve.CurveConfig), cmd_curve),

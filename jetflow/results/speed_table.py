@@ -128,6 +128,9 @@ def versions_line(setup: dict) -> str:
 def to_markdown(rows: list[dict]) -> str:
     """The run's tables: decode speed (llama.cpp beside), the verify-cost curve, compile seconds,
     exactness, and the hardware line."""
+    if any(r["kind"] == "bandwidth" for r in rows):  # a backend comparison (jetflow.results.backends)
+        from .backends_table import to_markdown as backends_markdown
+        return backends_markdown(rows)
     by = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
     setup = by["setup"][0]
     cfg = setup["config"]

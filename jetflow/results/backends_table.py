@@ -1,0 +1,78 @@
+"""The table.md of a backend comparison (``jetflow.results.backends``): decode speed of every backend and
+method beside llama.cpp on the same GGUF, the best lossless decode per backend against llama.cpp's AR,
+and each backend's bytes per token against the machine's copy bandwidth."""
+from __future__ import annotations
+
+
+def _f(x, digits=2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _x(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _header(setup: dict, copies: list[dict]) -> list[str]:
+    cfg = setup["config"]
+    where = (f"prompts file {cfg['prompts_file']}" if cfg["prompts_file"]
+             else f"{cfg['dataset']} prompts {cfg['skip'] + 1}-{cfg['skip'] + len(setup['prompts'])}")
+    load = " -> ".join(f"{setup[k]:.1f}" for k in ("load_average_before", "load_average_after") if k in setup)
+    return [f"# Backends beside llama.cpp, {cfg['threads']} threads: {setup['cpu']}, bf16 "
+            f"{'native' if setup['bf16_native'] else 'emulated'}", "",
+            f"{setup['hardware']}; torch {setup['torch']}; llama-cpp-python {setup.get('llama_cpp') or 'absent'}; "
+            f"{setup['gguf']}. {where}, greedy, up to {cfg['max_new_tokens']} new tokens, median of "
+            f"{cfg['repeats']} interleaved repeat(s), prefill excluded; load average (1 min) {load}.", "",
+            "tokens/s = decode tokens per second; x llama.cpp AR and x own AR are ratios within the same repeat; "
+            "identical = prompts whose output equals the same backend's AR; budget = draft nodes "
+            "(auto: picked per backend from its own verify-cost curve). Copy bandwidth (read + write): "
+            + ", ".join(f"{c['gb_per_s']:.1f} GB/s over {c['mib']} MiB" for c in copies) + ".", ""]
+
+
+def decode_table(rows: list[dict]) -> list[str]:
+    lines = ["| backend | method | budget | tokens/s | x llama.cpp AR | x own AR | tau | identical to AR |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['backend']} | {r['method']} | {r['budget'] or '-'} | {_f(r['tokens_per_s'], 1)} | "
+                     f"{_x(r['vs_llama_cpp_ar'])} | {_x(r['vs_own_ar'])} | {_f(r['tau'])} | "
+                     f"{r['identical_to_ar']}/{r['n']} |")
+    return lines
+
+
+def best_table(rows: list[dict]) -> list[str]:
+    """Per backend, its fastest configuration whose output equals its AR on every prompt."""
+    lines = ["", "Best lossless decode per backend (identical to its own AR on every prompt):", "",
+             "| backend | method | tokens/s | x llama.cpp AR |", "|---|---|---|---|"]
+    for b in dict.fromkeys(r["backend"] for r in rows):
+        ok = [r for r in rows if r["backend"] == b and r["identical_to_ar"] == r["n"]]
+        if ok:
+            r = max(ok, key=lambda r: r["tokens_per_s"])
+            lines.append(f"| {b} | {r['method']} | {_f(r['tokens_per_s'], 1)} | {_x(r['vs_llama_cpp_ar'])} |")
+    return lines
+
+
+def bytes_table(setup: dict, bw: dict, backends: list[dict], decode: list[dict]) -> list[str]:
+    """Weight bytes per decoded token (AR reads every weight once) and the AR ceiling they allow."""
+    ar = {r["backend"]: r["tokens_per_s"] for r in decode if r["method"] == "ar"}
+    items = [(b["backend"], b["weight_bytes"], b) for b in backends] + [("llama.cpp", setup["gguf_bytes"], None)]
+    lines = ["", f"Bytes per AR token against the copy bandwidth ({bw['gb_per_s']:.1f} GB/s over {bw['mib']} MiB, "
+             f"{bw['threads']} threads; "
+             "llama.cpp: the GGUF file's size):", "",
+             "| backend | MB read per AR token | bandwidth ceiling tokens/s | AR tokens/s | share of ceiling "
+             "| load s | compile s | auto budget |", "|---|---|---|---|---|---|---|---|"]
+    for name, nbytes, b in items:
+        ceiling = bw["gb_per_s"] * 1e9 / nbytes
+        got = ar.get(name)
+        lines.append(f"| {name} | {nbytes / 1e6:.0f} | {ceiling:.0f} | {_f(got, 1)} | "
+                     f"{'-' if got is None else f'{100 * got / ceiling:.0f}%'} | {_f(b and b['load_s'], 1)} | "
+                     f"{_f(b and b['compile_s'], 1)} | {(b and b['auto_budget']) or '-'} |")
+    return lines
+
+
+def to_markdown(rows: list[dict]) -> str:
+    setup = next(r for r in rows if r["kind"] == "setup")
+    copies = [r for r in rows if r["kind"] == "bandwidth"]
+    bw = max(copies, key=lambda r: r["mib"])  # the copy past the caches: main memory's bandwidth
+    decode = [r for r in rows if r["kind"] == "decode"]
+    backends = [r for r in rows if r["kind"] == "backend"]
+    return "\n".join([*_header(setup, copies), *decode_table(decode), *best_table(decode),
+                      *bytes_table(setup, bw, backends, decode)]) + "\n"
