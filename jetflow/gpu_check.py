@@ -43,7 +43,7 @@ from jetflow.drafting.builders import accum_logp
 from jetflow.engine.verify import tree_attention_mask
 from jetflow.evaluation.paper import PUBLISHED  # (method, paper budget) -> {dataset: (paper speedup, tau)}
 
-HEAD_METHODS = registry.names(lambda m: m.head is not None and not m.lookup_merged)  # the plain head methods
+HEAD_METHODS = registry.names(lambda m: m.head is not None and not m.lookup_merged and not m.correction)  # the plain head methods (ablation corrections: beside the pool1 head only)
 NEUTRAL_PROFILE = Counts(15, 8).profile()  # no measurements: each log-prob bin reads as its own probability
 # the stop builder's round cost for random heads: a verify that grows linearly with its size (the greedy checks
 # test that its trees are verified losslessly, whatever size it stops at; speed comes from the timing checks)

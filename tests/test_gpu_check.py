@@ -89,6 +89,6 @@ def test_bad_settings_are_refused(tmp_path, change, message):
 def test_embedded_check_passes_on_cpu(smol):
     (check,) = gpu_check.embedded_checks(Settings(device="cpu", embedded_tokens=16))
     assert check.ok, check.detail
-    plain = {m.name for m in registry.METHODS.values() if m.head is not None and not m.lookup_merged}
+    plain = {m.name for m in registry.METHODS.values() if m.head is not None and not m.lookup_merged and not m.correction}
     assert {"jetflow", "dflash", "ddtree", "jetflow-bp"} <= plain
     assert set(check.data["tau"]) == plain
