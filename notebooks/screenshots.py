@@ -1,6 +1,6 @@
 """Screenshots of notebook outputs as a person sees them: JupyterLab in headless Chromium.
 
-    python notebooks/screenshots.py [--out notebooks/figures] [00_quickstart.ipynb ... 05_budget_scaling.ipynb]
+    python notebooks/screenshots.py [--out notebooks/figures] [--only PNG ...] [00_quickstart.ipynb ... 05_budget_scaling.ipynb]
 
 Starts JupyterLab (smoke mode, a fixed token, a throwaway settings/workspace folder with autosave off,
 so the notebooks on disk are never rewritten), runs every cell through the Run menu, waits for the
@@ -47,13 +47,17 @@ TARGETS = {
         ("01_verify_mask.png", re.compile(r"viz\.tree_mask\("), 1),
         ("01_acceptance_table.png", re.compile(r"viz_rounds\.acceptance_table\("), 1),
         ("01_round.png", re.compile(r"viz\.tree_figure\(rnd"), 1),
+        ("01_correction.png", re.compile(r"viz_trees\.correction_figure\(diag"), 1),
+        ("01_pc_round.png", re.compile(r"viz\.tree_figure\(pc_rnd"), 1),
         ("01_cost.png", re.compile(r"viz_rows\.verify_cost\("), 1),
         ("01_sampling.png", re.compile(r"viz_rounds\.distribution_check\("), 1)],
-    "02_train_a_draft_head": [("02_tau_curve.png", re.compile(r"curve\.plot\(curve_rows"), 1)],
+    "02_train_a_draft_head": [("02_shipped_curves.png", re.compile(r"viz_train\.heads_curves\(shipped"), 1),
+                              ("02_tau_curve.png", re.compile(r"curve\.plot\(curve_rows"), 1)],
     "03_tree_explorer": [("03_acceptance_heatmap.png", re.compile(r"viz_rounds\.acceptance_heatmap\("), 1)],
     "05_budget_scaling": [("05_live_tau.png", re.compile(r'viz_rows\.budget_curve\(tree_rows, "tau"\)'), 1),
                           ("05_replayed_tau.png", re.compile(r'in METHODS\], "tau"\)'), 1),
-                          ("05_decoded_speedup.png", re.compile(r'viz_rows\.budget_curve\(grid, "speedup"\)'), 1)],
+                          ("05_decoded_speedup.png", re.compile(r'viz_rows\.budget_curve\(grid, "speedup"\)'), 1),
+                          ("05_correction_tau.png", re.compile(r'"jetflow-bp", "jetflow-pc"\)\], "tau"\)'), 1)],
 }
 EXPLORER_CELL = re.compile(r"explorer = TreeExplorer\(")  # 03: the cell whose widget is driven by hand
 SETTINGS = {  # JupyterLab user settings: never save, no toasts, every cell in the DOM
@@ -92,7 +96,7 @@ def start_lab(tmp: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("JupyterLab did not answer within 4 minutes")
 
 
-def shoot(page, base: str, notebook: str, out: Path, timeout_s: float) -> list[Path]:
+def shoot(page, base: str, notebook: str, out: Path, timeout_s: float, only: set[str] | None = None) -> list[Path]:
     page.goto(f"{base}/lab/tree/{Path(notebook).name}?reset&token={TOKEN}")  # reset: only this notebook open
     nb = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
     # the status bar's "Python 3 (ipykernel) | Idle" (the toolbar says idle already while there is no kernel)
@@ -116,8 +120,9 @@ def shoot(page, base: str, notebook: str, out: Path, timeout_s: float) -> list[P
     if not_run:  # Run All stops at the first error: show that cell's output
         failed = nb.locator(".jp-CodeCell").nth(not_run[0] - 1).locator(".jp-OutputArea").inner_text()
         raise RuntimeError(f"{notebook}: code cell {not_run[0] - 1} failed, later cells did not run:\n{failed[-4000:]}")
-    shots = [shot(page, nb, out / png, cell_text, n_plots) for png, cell_text, n_plots in TARGETS[Path(notebook).stem]]
-    if Path(notebook).stem == "03_tree_explorer":
+    shots = [shot(page, nb, out / png, cell_text, n_plots) for png, cell_text, n_plots in TARGETS[Path(notebook).stem]
+             if not only or png in only]
+    if Path(notebook).stem == "03_tree_explorer" and (not only or only & {"03_explorer_before.png", "03_explorer_after.png"}):
         shots += drive_explorer(page, nb, out, kernel_idle)
     return shots
 
@@ -191,6 +196,7 @@ def main() -> None:
     ap.add_argument("notebooks", nargs="*", default=[f"{stem}.ipynb" for stem in TARGETS])
     ap.add_argument("--out", type=Path, default=HERE / "figures")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per notebook to run all cells")
+    ap.add_argument("--only", nargs="+", metavar="PNG", help="shoot just these pictures (e.g. 01_pc_round.png)")
     args = ap.parse_args()
     unknown = [n for n in args.notebooks if Path(n).stem not in TARGETS]
     if unknown:
@@ -209,7 +215,7 @@ def main() -> None:
                     t0, page = time.time(), browser.new_page()
                     print(f"{notebook}: running all cells ...", flush=True)
                     try:
-                        shots = shoot(page, base, notebook, args.out, args.timeout)
+                        shots = shoot(page, base, notebook, args.out, args.timeout, set(args.only or ()))
                         print(", ".join(map(str, shots)), f"({time.time() - t0:.0f}s)")
                     except Exception:
                         failed = args.out / f"_failed_{Path(notebook).stem}.png"  # the whole window, to see why

@@ -358,6 +358,8 @@ def test_verify_cost():
     verify, draft = trace(fig, "verify"), trace(fig, "draft (one pass)")
     assert list(verify["x"]) == [1, 17, 65] and list(verify["y"]) == pytest.approx([10, 20, 50])
     assert list(draft["y"]) == pytest.approx([4, 4])
+    subtitle = fig.to_dict()["layout"]["title"]["subtitle"]["text"]
+    assert "not measured here" in subtitle  # nothing has run on a GPU: the GPU side is an expectation (B13)
     assert [t["name"] for t in viz_rows.verify_cost({1: 0.01}).to_dict()["data"]] == ["verify"]
     with pytest.raises(ValueError, match="at least one"):
         viz_rows.verify_cost({})
