@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -33,14 +34,20 @@ WIDGET = "application/vnd.jupyter.widget-view+json"  # a live widget: nothing to
 PLOTLY = "application/vnd.plotly.v1+json"
 
 
+SMOKE_FOLDER = re.compile(r"[^\s'\"]*jetflow-smoke-[A-Za-z0-9_]+")  # 02's temporary work folder (tempfile.mkdtemp)
+
+
 def clean(nb) -> None:
     """Drop widget views (with their text repr), the HTML twin of a stored plotly figure, and the
-    cells' execution timestamps; then the outputs left with nothing to show."""
+    cells' execution timestamps; then the outputs left with nothing to show. A smoke run's temporary
+    folder becomes ``<smoke work folder>``: a path of this machine means nothing to a reader."""
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         if cell.cell_type != "code":
             continue
         for out in cell.outputs:
+            if "text" in out:
+                out["text"] = SMOKE_FOLDER.sub("<smoke work folder>", out["text"])
             data = out.get("data", {})
             if WIDGET in data:
                 data.clear()

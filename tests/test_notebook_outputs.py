@@ -9,6 +9,7 @@ read from the files, no kernel, a fraction of a second.
 - no stale name: every ``data/results/NAME`` folder a stored output or a markdown cell names exists;
 - every picture a markdown cell shows exists in ``notebooks/``, and the screenshots are taken without
   plotly's modebar;
+- no path of the machine that ran it (``/tmp/...``: 02's smoke work folder is stored as ``<smoke work folder>``);
 - no per-cell execution timestamps (noise in every diff; ``notebooks/refresh.py`` strips them);
 - the first code cell installs the kit when it is missing (a checkout skips it) and calls ``notebook_setup``.
 
@@ -30,6 +31,7 @@ WIDGET_REPR = re.compile(r"^(VBox|HBox|GridBox|Box|Tab|Accordion|Output|FigureWi
 RESULTS = re.compile(r"data/results/([A-Za-z0-9_.-]+)")
 PICTURE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)|<img [^>]*src=\"([^\"]+)\"")
 PLOTLY_MAX_BYTES = 20_000
+LOCAL_PATH = re.compile(r"(?<![\w.<])/(tmp|home|root|work|Users|var/folders)/")  # a folder of the machine that ran it
 # notebooks another helper refreshes (issue 39): drop a name once its notebook is refreshed with refresh.py
 PENDING: set[str] = set()
 
@@ -87,6 +89,8 @@ def output_problems(i: int, out: dict) -> list[str]:
         found.append(f"cell {i}: a figure stored as text only")
     if any(PROGRESS.search(t) for t in output_texts(out)):
         found.append(f"cell {i}: a progress bar")
+    if any(LOCAL_PATH.search(t) for t in output_texts(out)):
+        found.append(f"cell {i}: a path of the machine that ran it (refresh.py writes <smoke work folder>)")
     if PLOTLY in data:
         size = len(json.dumps(data[PLOTLY]))
         if size > PLOTLY_MAX_BYTES:
@@ -132,6 +136,8 @@ def test_the_checks_catch_what_they_claim():
     assert output_problems(1, {"output_type": "stream", "name": "stderr", "text": "warning"})
     assert output_problems(1, {"output_type": "error", "ename": "ValueError", "evalue": "", "traceback": []})
     assert not output_problems(1, {"output_type": "stream", "name": "stdout", "text": "tau 3.29 at 100% of prompts\n"})
+    assert output_problems(1, {"output_type": "stream", "name": "stdout", "text": "--out /tmp/jetflow-smoke-x1/regen.jsonl"})
+    assert not output_problems(1, {"output_type": "stream", "name": "stdout", "text": "--out <smoke work folder>/regen.jsonl"})
 
 
 def test_screenshots_hide_plotly_modebar():

@@ -106,3 +106,57 @@ def test_refresh_checked_only_rewrites_just_the_checked_cells(tmp_path):
     assert [o["text"] for o in free.outputs] == ["old\n"] and [o["text"] for o in checked.outputs] == ["42\n"]
     refresh(path, 60)
     assert [o["text"] for o in nbformat.read(path, as_version=4).cells[0].outputs] == ["free 42\n"]
+
+
+def test_an_exercise_says_open_right_or_not_quite():
+    from jetflow.views import exercises
+    assert exercises.check(None, 15) == exercises.OPEN and "not answered yet" in exercises.OPEN
+    assert exercises.check(15, 15) == exercises.check(2.571, 2.57) == exercises.check(" Lookup", "lookup") == "right"
+    assert exercises.check(("a dog", "the dog sat"), ("a dog", "the dog sat")) == exercises.check([1, 2], (1, 2)) == "right"
+    assert exercises.check(16, 15, hint="count the slots") == "not quite: count the slots"
+    assert exercises.check(1, True).startswith("not quite") and exercises.check(False, 0).startswith("not quite")
+    assert exercises.check(3.2, 3.0, tol=1e-6).startswith("not quite") and exercises.check(("a",), ("a", "b")) != "right"
+
+
+def exercise_cells(path: Path) -> list[tuple[int, dict]]:
+    """(index, cell) of every code cell between the "## ... Exercises" heading and the next "## " heading."""
+    found, inside = [], False
+    for i, c in enumerate(cells(path)):
+        if c["cell_type"] == "markdown" and re.search(r"^## ", source(c), re.M):
+            inside = bool(re.search(r"^## .*Exercises", source(c), re.M))
+        elif inside and c["cell_type"] == "code":
+            found.append((i, c))
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_exercises_wait_for_the_learner(path):
+    """Every exercise cell starts from ``answer = None`` and its stored output says it is open (the answer is
+    never printed under the question), with the solution folded in a <details> block right after it."""
+    from jetflow.views import exercises
+    found = exercise_cells(path)
+    assert len(found) >= 3, f"{path.name}: {len(found)} exercise cells"
+    for i, c in found:
+        assert "answer = None" in source(c) and "exercises.check(answer" in source(c), f"{path.name} cell {i}"
+        stored = "".join("".join(o.get("text", "")) for o in c["outputs"])
+        assert stored.strip() == exercises.OPEN, f"{path.name} cell {i} stores {stored[:80]!r}"
+        after = cells(path)[i + 1]
+        assert after["cell_type"] == "markdown" and source(after).startswith("<details>"), f"{path.name} cell {i + 1}"
+
+
+# a figure whose stored output is the smoke run's own (4 training steps): a picture of it would teach nothing
+NO_PICTURE = {("02_train_a_draft_head", "viz_train.training_curves(histories[name])")}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_stored_figure_has_its_picture_next(path):
+    """A plotly figure shows nothing on GitHub: the markdown cell after it shows its PNG (``make screenshots``)."""
+    nb = cells(path)
+    for i, c in enumerate(nb):
+        if c["cell_type"] != "code" or not any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in c["outputs"]):
+            continue
+        if any((path.stem, line) in NO_PICTURE for line in source(c).splitlines()):
+            continue
+        nxt = nb[i + 1] if i + 1 < len(nb) else {"cell_type": "code", "source": ""}
+        assert nxt["cell_type"] == "markdown" and re.search(r"!\[[^\]]*\]\(figures/[^)]+\.png\)", source(nxt)), \
+            f"{path.name} cell {i}: a figure without its PNG in the next cell"

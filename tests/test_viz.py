@@ -113,6 +113,9 @@ def test_tree_figure_round_highlights_path():
     hover = dict(zip(rejected["customdata"], rejected["hovertext"]))
     assert "target: 't15'" in hover[3]
     assert "'t7'" in fig.to_dict()["layout"]["title"]["text"]  # bonus = target choice at node 4
+    assert "(2 accepted drafts + bonus" in fig.to_dict()["layout"]["title"]["text"]
+    one = viz.tree_figure(make_round(tree_a(), [0, 1], choice), decode=decode).to_dict()["layout"]["title"]["text"]
+    assert "(1 accepted draft + bonus" in one
 
 
 def test_tree_figure_target_choice_override_and_errors():

@@ -134,7 +134,8 @@ def _tree_title(tree: Tree, rnd, path, decode: Decode | None) -> str:
     if path is None:
         return f"Candidate tree: budget {tree.budget}, depth {int(tree.depth.max())}"
     bonus = _label(rnd.target_choice[path[-1]], decode)
-    return (f"Round: {len(rnd.committed)} tokens committed ({len(path) - 1} accepted drafts + bonus "
+    accepted = len(path) - 1
+    return (f"Round: {len(rnd.committed)} tokens committed ({accepted} accepted draft{'s' * (accepted != 1)} + bonus "
             f"{bonus}), budget {tree.budget}")
 
 
