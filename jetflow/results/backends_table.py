@@ -47,6 +47,25 @@ def best_table(rows: list[dict]) -> list[str]:
         if ok:
             r = max(ok, key=lambda r: r["tokens_per_s"])
             lines.append(f"| {b} | {r['method']} | {_f(r['tokens_per_s'], 1)} | {_x(r['vs_llama_cpp_ar'])} |")
+    kit = [r for r in rows if r["backend"] != "llama.cpp" and r["identical_to_ar"] == r["n"]]
+    if kit and any(r["vs_llama_cpp_ar"] is not None for r in kit):
+        r = max(kit, key=lambda r: r["tokens_per_s"])
+        lines += ["", f"The kit's best lossless decode: {r['backend']} {r['method']}, {_f(r['tokens_per_s'], 1)} "
+                  f"tokens/s, {_x(r['vs_llama_cpp_ar'])} llama.cpp's AR."]
+    return lines
+
+
+def agreement_table(rows: list[dict]) -> list[str]:
+    """Each backend's greedy AR output against fp32's and llama.cpp's, prompt by prompt."""
+    if not rows:
+        return []
+    refs = [(k, name) for k, name in (("fp32", "fp32 AR"), ("llama_cpp", "llama.cpp AR")) if f"same_as_{k}_ar" in rows[0]]
+    lines = ["", "AR outputs against fp32's and llama.cpp's (prompts identical token for token; mean common prefix "
+             "in tokens):", "", "| backend | " + " | ".join(f"same as {n} | common prefix with {n}" for _, n in refs)
+             + " |", "|---|" + "---|---|" * len(refs)]
+    for r in rows:
+        cells = [f"{r[f'same_as_{k}_ar']}/{r['n']} | {r[f'common_prefix_{k}']:.1f}" for k, _ in refs]
+        lines.append(f"| {r['backend']} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -74,5 +93,6 @@ def to_markdown(rows: list[dict]) -> str:
     bw = max(copies, key=lambda r: r["mib"])  # the copy past the caches: main memory's bandwidth
     decode = [r for r in rows if r["kind"] == "decode"]
     backends = [r for r in rows if r["kind"] == "backend"]
-    return "\n".join([*_header(setup, copies), *decode_table(decode), *best_table(decode),
+    agree = [r for r in rows if r["kind"] == "agreement"]
+    return "\n".join([*_header(setup, copies), *decode_table(decode), *best_table(decode), *agreement_table(agree),
                       *bytes_table(setup, bw, backends, decode)]) + "\n"
