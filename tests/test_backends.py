@@ -76,6 +76,20 @@ def test_unknown_backend_and_missing_quant_are_refused(monkeypatch):
     assert {"q4", "q4-compiled", "fp32-compiled"} <= set(backends.backend_names())
 
 
+def test_llama_cpp_route_bound_from_its_tree_curve():
+    from jetflow.results.llamacpp_verify import route_rows
+    curve = [{"kind": "llama-verify", "shape": shape, "size": k, "seconds": 0.01 * k, "ar_steps": k, "past_len": 8}
+             for shape in ("chain", "tree") for k in (1, 9, 17)]
+    decode = [{"backend": "llama.cpp", "method": "ar", "budget": None, "tau": None, "tokens_per_s": 100.0},
+              {"backend": "bf16", "method": "ar", "budget": None, "tau": None, "tokens_per_s": 20.0},
+              {"backend": "bf16", "method": "jetflow+lookup", "budget": 16, "tau": 3.4, "tokens_per_s": 30.0}]
+    (row,) = route_rows(decode, curve)
+    assert row["bound_tokens_per_s"] == pytest.approx(20.0) and row["vs_llama_cpp_ar"] == pytest.approx(0.2)
+    from jetflow.results.backends_table import llama_verify_table
+    text = "\n".join(llama_verify_table(curve, [], [row]))
+    assert "| tree | 10.0 (1.00) |" in text and "| bf16 | jetflow+lookup | 16 | 3.40 | 170.0 | 20.0 | 0.20x | 30.0 |" in text
+
+
 def test_tree_layout_gives_every_path_the_root():
     from jetflow.results.llamacpp_verify import chain_layout, tree_layout
     assert tree_layout(1, 4) == [(0, (0,))] and chain_layout(3) == [(0, (0,)), (1, (0,)), (2, (0,))]

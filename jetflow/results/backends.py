@@ -34,6 +34,7 @@ from jetflow.evaluation.budget import auto_budget
 from jetflow.evaluation.rows import write_rows
 from .bandwidth import copy_bandwidth
 from . import llamacpp
+from .llamacpp_verify import SIZES, ar_agreement, route_rows, verify_curve
 from .speed import llama_cpp_ar, llama_cpp_model
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -214,6 +215,13 @@ def agreement_rows(runs: dict) -> list[dict]:
     return rows
 
 
+def llama_cpp_verify_rows(llm, prompt: list[int], decode: list[dict]) -> list[dict]:
+    """llama.cpp's verify curve (chain and tree, the issue's sizes and this run's tree sizes), its batched
+    verify against its AR on a real prompt, and the llama.cpp-as-verifier bound of every head-method row."""
+    curve = verify_curve(llm, tuple(sorted({*SIZES, *(b + 1 for b in AUTO_CANDIDATES)})))
+    return curve + [ar_agreement(llm, prompt, 32)] + route_rows(decode, curve)
+
+
 def _llms(cfg: BackendsConfig, n_ctx: int) -> dict:
     if not cfg.llama_cpp:
         return {}
@@ -238,7 +246,11 @@ def measure(cfg: BackendsConfig = BackendsConfig(), data_dir=None) -> list[dict]
     llms = _llms(cfg, 2048)
     setup["llama_cpp"] = llamacpp.version() if llms else None
     runs = timed_runs(backends, prompts, cfg, llms)
-    rows += decode_rows(runs, backends, cfg, cpu) + agreement_rows(runs)
+    decode = decode_rows(runs, backends, cfg, cpu)
+    rows += decode + agreement_rows(runs)
+    if llms:
+        first = next(iter(backends.values()))[0]
+        rows += llama_cpp_verify_rows(llms["ar"], first.encode(prompts[0]["prompt"]).tolist(), decode)
     for llm in llms.values():
         llm.close()
     setup["load_average_after"] = os.getloadavg()[0]

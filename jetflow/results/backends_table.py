@@ -69,6 +69,32 @@ def agreement_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def llama_verify_table(curve: list[dict], agree: list[dict], route: list[dict]) -> list[str]:
+    """llama.cpp's own verify-cost curve and the llama.cpp-as-verifier bound of each head method."""
+    if not curve:
+        return []
+    sizes = sorted({r["size"] for r in curve})
+    cell = {(r["shape"], r["size"]): r for r in curve}
+    lines = ["", f"llama.cpp's verify cost: one batched decode of k tokens after a {curve[0]['past_len']}-token prefix, "
+             "ms (its 1-token steps in parentheses); tree = a root shared by up to 4 paths, one sequence id each:", "",
+             "| shape | " + " | ".join(f"{k} tokens" for k in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for shape in ("chain", "tree"):
+        lines.append(f"| {shape} | " + " | ".join(f"{1e3 * cell[(shape, k)]['seconds']:.1f} ({cell[(shape, k)]['ar_steps']:.2f})"
+                                                  for k in sizes) + " |")
+    for a in agree:
+        lines += ["", f"One batch of {a['size']} tokens against the same tokens one at a time: {a['same_argmax']}/"
+                  f"{a['size']} next-token argmaxes equal llama.cpp's AR."]
+    if route:
+        lines += ["", "llama.cpp as the verifying target, modelled: tau of the kit's row over llama.cpp's tree decode of "
+                  "budget + 1 tokens, drafting counted free (an upper bound):", "",
+                  "| backend | method | budget | tau | llama.cpp verify ms | bound tokens/s | x llama.cpp AR "
+                  "| kit tokens/s (measured) |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['backend']} | {r['method']} | {r['budget']} | {r['tau']:.2f} | {1e3 * r['verify_s']:.1f} | "
+                  f"{r['bound_tokens_per_s']:.1f} | {_x(r['vs_llama_cpp_ar'])} | {r['kit_tokens_per_s']:.1f} |"
+                  for r in route]
+    return lines
+
+
 def bytes_table(setup: dict, bw: dict, backends: list[dict], decode: list[dict]) -> list[str]:
     """Weight bytes per decoded token (AR reads every weight once) and the AR ceiling they allow."""
     ar = {r["backend"]: r["tokens_per_s"] for r in decode if r["method"] == "ar"}
@@ -93,6 +119,7 @@ def to_markdown(rows: list[dict]) -> str:
     bw = max(copies, key=lambda r: r["mib"])  # the copy past the caches: main memory's bandwidth
     decode = [r for r in rows if r["kind"] == "decode"]
     backends = [r for r in rows if r["kind"] == "backend"]
-    agree = [r for r in rows if r["kind"] == "agreement"]
-    return "\n".join([*_header(setup, copies), *decode_table(decode), *best_table(decode), *agreement_table(agree),
-                      *bytes_table(setup, bw, backends, decode)]) + "\n"
+    kind = lambda k: [r for r in rows if r["kind"] == k]
+    return "\n".join([*_header(setup, copies), *decode_table(decode), *best_table(decode),
+                      *agreement_table(kind("agreement")), *bytes_table(setup, bw, backends, decode),
+                      *llama_verify_table(kind("llama-verify"), kind("llama-verify-agreement"), kind("llama-route"))]) + "\n"

@@ -16,9 +16,10 @@ import time
 
 import numpy as np
 
+from jetflow.drafting.cost import interp_cost
 from .llamacpp import bench_extra
 
-SIZES = (1, 2, 4, 8, 12, 16, 24, 32)
+SIZES = (1, 2, 4, 8, 12, 16, 24, 32)  # the issue's query lengths; a run adds its trees' sizes (budget + 1)
 
 
 def tree_layout(size: int, paths: int) -> list[tuple[int, tuple[int, ...]]]:
@@ -128,3 +129,22 @@ def ar_agreement(llm, prompt: list[int], size: int = 32) -> dict:
     same = sum(a == b for a, b in zip(batched, ar[1:]))
     return {"kind": "llama-verify-agreement", "size": size, "same_argmax": same,
             "first_difference": next((i for i, (a, b) in enumerate(zip(batched, ar[1:])) if a != b), None)}
+
+
+def route_rows(decode: list[dict], curve: list[dict]) -> list[dict]:
+    """llama.cpp as the verifying target, modelled: every kit head-method row (backend, method, budget,
+    tau) verified as llama.cpp's tree of budget + 1 tokens instead. ``bound_tokens_per_s`` = tau over
+    that tree's decode seconds, drafting counted free: an upper bound of the route on this machine, set
+    beside llama.cpp's own AR (``vs_llama_cpp_ar``) and the kit's measured tokens/s for the same row."""
+    cost = {r["size"]: r["seconds"] for r in curve if r["shape"] == "tree"}
+    ar = next((r["tokens_per_s"] for r in decode if r["backend"] == "llama.cpp" and r["method"] == "ar"), None)
+    rows = []
+    for r in decode:
+        if r["backend"] == "llama.cpp" or r["budget"] is None or not r["tau"] or r["budget"] + 1 > max(cost, default=0):
+            continue
+        verify_s = interp_cost(cost, r["budget"] + 1)
+        bound = r["tau"] / verify_s
+        rows.append({"kind": "llama-route", "backend": r["backend"], "method": r["method"], "budget": r["budget"],
+                     "tau": r["tau"], "verify_s": verify_s, "bound_tokens_per_s": bound,
+                     "vs_llama_cpp_ar": None if ar is None else bound / ar, "kit_tokens_per_s": r["tokens_per_s"]})
+    return rows
