@@ -59,7 +59,7 @@ compiled: $(STAMP)
 	$(PY) -m jetflow results cpu-compiled
 
 # Every backend (fp32, bf16, int8, q4) beside llama.cpp's AR and prompt lookup on the same GGUF, unseen MATH-500
-# prompts, llama.cpp's verify curve and the machine's copy bandwidth (docs/speed.md): one 2-thread process, the bench extra
+# prompts, llama.cpp's verify curve and the machine's copy bandwidth (docs/speed.md): one 1-thread process, the bench extra
 .PHONY: backends
 backends: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
