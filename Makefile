@@ -58,6 +58,13 @@ compiled: $(STAMP)
 	$(PY) -m jetflow speed --warmup  # compile every graph once, untimed (inductor's cache holds them)
 	$(PY) -m jetflow results cpu-compiled
 
+# Every backend (fp32, bf16, int8, q4) beside llama.cpp's AR and prompt lookup on the same GGUF, unseen MATH-500
+# prompts, llama.cpp's verify curve and the machine's copy bandwidth (docs/speed.md): one 1-thread process, the bench extra
+.PHONY: backends
+backends: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m jetflow results cpu-backends
+
 # training throughput, cached taps vs the online target (docs/scale.md): one thread, the machine to itself
 .PHONY: throughput
 throughput: $(STAMP)

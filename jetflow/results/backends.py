@@ -26,17 +26,21 @@ import torch
 
 from jetflow.util import hardware
 from jetflow.data import prompts as data
+from jetflow.engine.compiled import cache_len_for
 from jetflow.engine.decode import generate
 from jetflow.engine.load import embedded_gguf, load_target
 from jetflow.drafting.methods import make_proposer
 from jetflow.evaluation.budget import auto_budget
 from jetflow.evaluation.rows import write_rows
 from .bandwidth import copy_bandwidth
+from . import llamacpp
+from .llamacpp_verify import SIZES, ar_agreement, route_rows, verify_curve
 from .speed import llama_cpp_ar, llama_cpp_model
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 QUANTS = ("int8", "q4")  # jetflow.engine.quant's load_target(quant=...) where the kit has it
 AUTO_CANDIDATES = (8, 16, 32)
+COMPILED = "-compiled"  # a backend name's suffix: the compiled target (jetflow.engine.compiled)
 BANDWIDTH_MIB = (64, 1024)  # a copy that fits the last-level cache of big server CPUs, and one that does not
 
 
@@ -55,20 +59,28 @@ class BackendsConfig:
     llama_cpp: bool = True
 
     def __post_init__(self):
-        unknown = [b for b in self.backends if b not in (*DTYPES, *QUANTS)]
+        unknown = [b for b in self.backends if b not in backend_names()]
         if unknown or not self.backends:
-            raise ValueError(f"unknown backends {unknown}; choose from {', '.join((*DTYPES, *QUANTS))}")
+            raise ValueError(f"unknown backends {unknown}; choose from {', '.join(backend_names())}")
         if self.threads < 1 or self.limit < 1 or self.repeats < 1:
             raise ValueError("threads, limit and repeats must be >= 1")
 
 
-def load_backend(name: str):
-    """The embedded target as ``name``: fp32/bf16 weights, or int8/q4 through ``load_target(quant=...)``."""
-    if name in DTYPES:
-        return load_target(None, dtype=DTYPES[name])
+def backend_names() -> tuple[str, ...]:
+    """fp32, bf16, int8, q4 and each one compiled (``NAME-compiled``: graphs warmed before any timing)."""
+    return (*DTYPES, *QUANTS, *(f"{b}{COMPILED}" for b in (*DTYPES, *QUANTS)))
+
+
+def load_backend(name: str, cache_len: int | None = None):
+    """The embedded target as ``name``: fp32/bf16 weights, or int8/q4 through ``load_target(quant=...)``;
+    ``NAME-compiled``: its compiled twin over a ``cache_len``-row static cache."""
+    base = name.removesuffix(COMPILED)
+    kw = {"compile": True, "cache_len": cache_len} if name.endswith(COMPILED) else {}
+    if base in DTYPES:
+        return load_target(None, dtype=DTYPES[base], **kw)
     if "quant" not in inspect.signature(load_target).parameters:
         raise ValueError(f"backend {name} needs jetflow.engine.quant (load_target(quant=...)), not in this kit yet")
-    return load_target(None, dtype="bfloat16", quant=name)
+    return load_target(None, dtype="bfloat16", quant=base, **kw)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -79,37 +91,50 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(seen.values())
 
 
-def llama_cpp_lookup_model(threads: int, n_ctx: int, num_pred_tokens: int = 10):
-    """llama.cpp with llama-cpp-python's own prompt-lookup drafting (``LlamaPromptLookupDecoding``)."""
-    from llama_cpp import Llama
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-    return Llama(model_path=str(embedded_gguf()), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                 draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens), logits_all=True,
-                 verbose=False)
-
-
 def _prompts(cfg: BackendsConfig, data_dir) -> list[dict]:
     if cfg.prompts_file:
         return data.load_prompts_file(cfg.prompts_file)
     return data.load_prompts(cfg.dataset, limit=cfg.skip + cfg.limit, data_dir=data_dir)[cfg.skip:]
 
 
+def _cache_len(name: str, prompts: list[dict], cfg: BackendsConfig) -> int | None:
+    """A compiled backend's static cache rows: the longest prompt, every new token and the largest tree."""
+    if not name.endswith(COMPILED):
+        return None
+    eager = load_backend(name.removesuffix(COMPILED))
+    return cache_len_for(max(len(eager.encode(p["prompt"])) for p in prompts), cfg.max_new_tokens,
+                         cfg.budget or max(AUTO_CANDIDATES))
+
+
+def _warm(target, methods: dict, prompts: list[dict], cfg: BackendsConfig) -> float:
+    """Compile (or load from inductor's cache) every graph a compiled backend can reach: its seconds,
+    spent before any timing (0 for an eager backend)."""
+    if not hasattr(target, "warm"):
+        return 0.0
+    t0 = time.perf_counter()
+    target.warm([p for p in methods.values() if p is not None], tree=(cfg.budget or max(AUTO_CANDIDATES)) + 1,
+                shortest=min(len(target.encode(p["prompt"])) for p in prompts))
+    return time.perf_counter() - t0
+
+
 def _setup_backends(cfg: BackendsConfig, prompts: list[dict]) -> tuple[dict, list[dict]]:
-    """name -> (target, budget, {method: proposer}); with a load row per backend."""
+    """name -> (target, budget, {method: proposer}); with a load row per backend (load, compile and budget
+    pick seconds, all before the clock)."""
     out, rows = {}, []
     for name in cfg.backends:
         t0 = time.perf_counter()
-        target = load_backend(name)
+        target = load_backend(name, _cache_len(name, prompts, cfg))
         load_s = time.perf_counter() - t0
+        methods = {"ar": None, "lookup": make_proposer("lookup", target),
+                   **{m: make_proposer(m, target) for m in cfg.methods}}
+        compile_s = _warm(target, methods, prompts, cfg)
         budget, predicted, t0 = cfg.budget, None, time.perf_counter()
         if budget is None and cfg.methods:
             budget, predicted = auto_budget(target, cfg.methods[0], prompts[:1], budgets=AUTO_CANDIDATES,
                                             max_new_tokens=32)
-        methods = {"ar": None, "lookup": make_proposer("lookup", target),
-                   **{m: make_proposer(m, target) for m in cfg.methods}}
         out[name] = (target, budget or 16, methods)
         rows.append({"kind": "backend", "backend": name, "dtype": str(target.dtype).removeprefix("torch."),
-                     "load_s": load_s, "compile_s": 0.0, "budget_pick_s": time.perf_counter() - t0,
+                     "load_s": load_s, "compile_s": compile_s, "budget_pick_s": time.perf_counter() - t0,
                      "auto_budget": budget if cfg.budget is None else None, "predicted_tokens_per_s": predicted,
                      "weight_bytes": weight_bytes(target.model)})
     return out, rows
@@ -170,11 +195,38 @@ def decode_rows(runs: dict, backends: dict, cfg: BackendsConfig, cpu: dict) -> l
     return rows
 
 
+def _common_prefix(a: list, b: list) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def agreement_rows(runs: dict) -> list[dict]:
+    """Every backend's AR against fp32's AR and llama.cpp's AR (where they ran), prompt by prompt over
+    the first repeat: outputs identical token for token, and the mean length of the common prefix."""
+    refs = {key: runs[(ref, "ar")][0] for ref, key in (("fp32", "fp32"), ("llama.cpp", "llama_cpp"))
+            if (ref, "ar") in runs}
+    rows = []
+    for (b, m), reps in runs.items():
+        if m == "ar":
+            row = {"kind": "agreement", "backend": b, "n": len(reps[0])}
+            for key, ref in refs.items():
+                row[f"same_as_{key}_ar"] = sum(x[0] == y[0] for x, y in zip(reps[0], ref))
+                row[f"common_prefix_{key}"] = statistics.mean(_common_prefix(x[0], y[0]) for x, y in zip(reps[0], ref))
+            rows.append(row)
+    return rows
+
+
+def llama_cpp_verify_rows(llm, prompt: list[int], decode: list[dict]) -> list[dict]:
+    """llama.cpp's verify curve (chain and tree, the issue's sizes and this run's tree sizes), its batched
+    verify against its AR on a real prompt, and the llama.cpp-as-verifier bound of every head-method row."""
+    curve = verify_curve(llm, tuple(sorted({*SIZES, *(b + 1 for b in AUTO_CANDIDATES)})))
+    return curve + [ar_agreement(llm, prompt, 32)] + route_rows(decode, curve)
+
+
 def _llms(cfg: BackendsConfig, n_ctx: int) -> dict:
     if not cfg.llama_cpp:
         return {}
     try:
-        return {"ar": llama_cpp_model(cfg.threads, n_ctx), "lookup": llama_cpp_lookup_model(cfg.threads, n_ctx)}
+        return {"ar": llama_cpp_model(cfg.threads, n_ctx), "lookup": llamacpp.load_lookup(cfg.threads, n_ctx)}
     except ValueError:  # llama-cpp-python (the bench extra) not installed
         return {}
 
@@ -192,17 +244,17 @@ def measure(cfg: BackendsConfig = BackendsConfig(), data_dir=None) -> list[dict]
     backends, backend_rows = _setup_backends(cfg, prompts)
     rows += backend_rows
     llms = _llms(cfg, 2048)
-    setup["llama_cpp"] = _llama_cpp_version() if llms else None
-    rows += decode_rows(timed_runs(backends, prompts, cfg, llms), backends, cfg, cpu)
+    setup["llama_cpp"] = llamacpp.version() if llms else None
+    runs = timed_runs(backends, prompts, cfg, llms)
+    decode = decode_rows(runs, backends, cfg, cpu)
+    rows += decode + agreement_rows(runs)
+    if llms:
+        first = next(iter(backends.values()))[0]
+        rows += llama_cpp_verify_rows(llms["ar"], first.encode(prompts[0]["prompt"]).tolist(), decode)
     for llm in llms.values():
         llm.close()
     setup["load_average_after"] = os.getloadavg()[0]
     return rows
-
-
-def _llama_cpp_version() -> str:
-    import llama_cpp
-    return llama_cpp.__version__
 
 
 def add_arguments(parser) -> None:

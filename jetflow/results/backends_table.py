@@ -47,6 +47,51 @@ def best_table(rows: list[dict]) -> list[str]:
         if ok:
             r = max(ok, key=lambda r: r["tokens_per_s"])
             lines.append(f"| {b} | {r['method']} | {_f(r['tokens_per_s'], 1)} | {_x(r['vs_llama_cpp_ar'])} |")
+    kit = [r for r in rows if r["backend"] != "llama.cpp" and r["identical_to_ar"] == r["n"]]
+    if kit and any(r["vs_llama_cpp_ar"] is not None for r in kit):
+        r = max(kit, key=lambda r: r["tokens_per_s"])
+        lines += ["", f"The kit's best lossless decode: {r['backend']} {r['method']}, {_f(r['tokens_per_s'], 1)} "
+                  f"tokens/s, {_x(r['vs_llama_cpp_ar'])} llama.cpp's AR."]
+    return lines
+
+
+def agreement_table(rows: list[dict]) -> list[str]:
+    """Each backend's greedy AR output against fp32's and llama.cpp's, prompt by prompt."""
+    if not rows:
+        return []
+    refs = [(k, name) for k, name in (("fp32", "fp32 AR"), ("llama_cpp", "llama.cpp AR")) if f"same_as_{k}_ar" in rows[0]]
+    lines = ["", "AR outputs against fp32's and llama.cpp's (prompts identical token for token; mean common prefix "
+             "in tokens):", "", "| backend | " + " | ".join(f"same as {n} | common prefix with {n}" for _, n in refs)
+             + " |", "|---|" + "---|---|" * len(refs)]
+    for r in rows:
+        cells = [f"{r[f'same_as_{k}_ar']}/{r['n']} | {r[f'common_prefix_{k}']:.1f}" for k, _ in refs]
+        lines.append(f"| {r['backend']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def llama_verify_table(curve: list[dict], agree: list[dict], route: list[dict]) -> list[str]:
+    """llama.cpp's own verify-cost curve and the llama.cpp-as-verifier bound of each head method."""
+    if not curve:
+        return []
+    sizes = sorted({r["size"] for r in curve})
+    cell = {(r["shape"], r["size"]): r for r in curve}
+    lines = ["", f"llama.cpp's verify cost: one batched decode of k tokens after a {curve[0]['past_len']}-token prefix, "
+             "ms (its 1-token steps in parentheses); tree = a root shared by up to 4 paths, one sequence id each:", "",
+             "| shape | " + " | ".join(f"{k} tokens" for k in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for shape in ("chain", "tree"):
+        lines.append(f"| {shape} | " + " | ".join(f"{1e3 * cell[(shape, k)]['seconds']:.1f} ({cell[(shape, k)]['ar_steps']:.2f})"
+                                                  for k in sizes) + " |")
+    for a in agree:
+        lines += ["", f"One batch of {a['size']} tokens against the same tokens one at a time: {a['same_argmax']}/"
+                  f"{a['size']} next-token argmaxes equal llama.cpp's AR."]
+    if route:
+        lines += ["", "llama.cpp as the verifying target, modelled: tau of the kit's row over llama.cpp's tree decode of "
+                  "budget + 1 tokens, drafting counted free (an upper bound):", "",
+                  "| backend | method | budget | tau | llama.cpp verify ms | bound tokens/s | x llama.cpp AR "
+                  "| kit tokens/s (measured) |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['backend']} | {r['method']} | {r['budget']} | {r['tau']:.2f} | {1e3 * r['verify_s']:.1f} | "
+                  f"{r['bound_tokens_per_s']:.1f} | {_x(r['vs_llama_cpp_ar'])} | {r['kit_tokens_per_s']:.1f} |"
+                  for r in route]
     return lines
 
 
@@ -74,5 +119,7 @@ def to_markdown(rows: list[dict]) -> str:
     bw = max(copies, key=lambda r: r["mib"])  # the copy past the caches: main memory's bandwidth
     decode = [r for r in rows if r["kind"] == "decode"]
     backends = [r for r in rows if r["kind"] == "backend"]
+    kind = lambda k: [r for r in rows if r["kind"] == k]
     return "\n".join([*_header(setup, copies), *decode_table(decode), *best_table(decode),
-                      *bytes_table(setup, bw, backends, decode)]) + "\n"
+                      *agreement_table(kind("agreement")), *bytes_table(setup, bw, backends, decode),
+                      *llama_verify_table(kind("llama-verify"), kind("llama-verify-agreement"), kind("llama-route"))]) + "\n"

@@ -116,6 +116,12 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                                     *COMMON, *REPLAY_DATASETS), "merged", 4),
     # eager vs compiled vs llama.cpp (docs/compiled.md): its own settings (3 prompts, 64 tokens, 2 threads)
     Entry("cpu-compiled", ("speed",), "compiled", 1),
+    # every backend beside llama.cpp on the same GGUF (docs/speed.md): unseen MATH-500 prompts, one process, 1 thread
+    # each (ggml's spinning barrier collapses at 2 threads on a shared 2-core machine), budget 16; llama.cpp's own
+    # verify curve; the machine's copy bandwidth
+    Entry("cpu-backends", ("speed", "--backends", "fp32,bf16,int8,q4", "--dataset", "math500", "--skip", "100",
+                           "--limit", "4", "--max-new-tokens", "64", "--repeats", "1", "--threads", "1", "--budget", "16",
+                           "--methods", "jetflow-pc+lookup,jetflow+lookup"), "backends", 1),
     # training throughput, cached taps vs the online target forward (docs/scale.md): 1 thread, bf16 target
     Entry("cpu-train-throughput", ("throughput",), "throughput", 1),
     # tau against training data (docs/scale.md, issue 20): both heads from scratch on the first k of the 8 parts of the

@@ -38,6 +38,7 @@ from jetflow.engine.decode import generate
 from jetflow.drafting import methods as registry
 from jetflow.drafting.proposers import LookupMerged
 from jetflow.drafting.methods import make_proposer
+from . import llamacpp
 from .speed_bounds import PROBES, probe_rows, profile_rows
 from .speed_table import to_markdown
 from jetflow.engine.target import Target
@@ -78,13 +79,8 @@ class SpeedConfig:
 
 # ----------------------------------------------------------------------------- llama.cpp
 def llama_cpp_model(threads: int, n_ctx: int):
-    """llama.cpp over the embedded target's GGUF file (the optional ``bench`` extra)."""
-    try:
-        from llama_cpp import Llama
-    except ImportError as err:
-        raise ValueError('llama.cpp needs the bench extra: pip install -e ".[bench]"') from err
-    return Llama(model_path=str(embedded_gguf()), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                 verbose=False)
+    """llama.cpp over the embedded target's GGUF file (the optional ``bench`` extra; ``llamacpp.load``)."""
+    return llamacpp.load(threads, n_ctx)
 
 
 def llama_cpp_ar(llm, ids: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list[int], int, float]:
@@ -295,7 +291,7 @@ def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None, eager: Target | Non
     llm = llama_cpp_model(cfg.threads, cfg.cache_len) if cfg.llama_cpp and not warmup else None
     setup = {"kind": "setup", "hardware": hardware.describe(), "torch": torch.__version__,
              "transformers": transformers.__version__, "gguf": embedded_gguf().name,
-             "llama_cpp": _llama_cpp_version() if llm is not None else None,
+             "llama_cpp": llamacpp.version() if llm is not None else None,
              "inductor_cache_files_before": _inductor_entries(), "prompts": [p["id"] for p in items],
              "load_average_before": os.getloadavg()[0],
              "config": asdict(cfg)}
@@ -332,11 +328,6 @@ def measure(cfg: SpeedConfig = SpeedConfig(), data_dir=None, eager: Target | Non
     bar.close()
     setup["load_average_after"] = os.getloadavg()[0]  # 1-minute load: how much else shared the cores
     return rows
-
-
-def _llama_cpp_version() -> str:
-    import llama_cpp
-    return llama_cpp.__version__
 
 
 def add_arguments(parser) -> None:
