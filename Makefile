@@ -58,6 +58,12 @@ compiled: $(STAMP)
 	$(PY) -m jetflow speed --warmup  # compile every graph once, untimed (inductor's cache holds them)
 	$(PY) -m jetflow results cpu-compiled
 
+# The verify-cost curve per backend (fp32, bf16, int8, q4; eager and compiled) and the auto budget each picks
+# (docs/compiled.md): one 2-thread process; auto_budget reads the rows on the same CPU
+.PHONY: verify-curve
+verify-curve: $(STAMP)
+	$(PY) -m jetflow results cpu-verify-curve
+
 # training throughput, cached taps vs the online target (docs/scale.md): one thread, the machine to itself
 .PHONY: throughput
 throughput: $(STAMP)

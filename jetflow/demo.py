@@ -31,7 +31,7 @@ from jetflow.drafting.methods import names
 from jetflow.engine.metrics import summarize
 from jetflow.util.hardware import environment
 from jetflow.engine.target import Target
-from jetflow.engine.load import DTYPES, load_target
+from jetflow.engine.load import BACKENDS, DTYPES, load_backend, load_target
 
 PROMPTS = (  # a math word problem in the benchmarks' format, a code edit, another word problem
     math_prompt("Lena buys 3 notebooks at $4 each and 2 pens at $1.50 each. She pays with a $20 bill. "
@@ -120,13 +120,19 @@ def run(cfg: DemoConfig = DemoConfig(), *, target: Target | None = None,
         say: Callable[..., None] = print) -> list[dict]:
     """The demo: prints what it does through ``say`` and returns one row per method (AR first) with
     ``identical_in_fp32`` and ``dtype_reason`` added. ``target``: an fp32 target (default: the embedded)."""
-    dtype, why = (cfg.dtype, "asked for") if cfg.dtype else hardware.fast_dtype("cpu")
+    if cfg.dtype:
+        (backend, (dtype, quant)), why = next(((b, v) for b, v in BACKENDS.items() if v == (cfg.dtype, None)),
+                                              (cfg.dtype, (cfg.dtype, None))), "asked for"
+    else:  # q4 only on the embedded target, whose 4-bit blocks are the file's own
+        backend, why = hardware.fast_backend("cpu", file_blocks=target is None)
+        dtype, quant = BACKENDS[backend]
     say(f"CPU: {hardware.describe()}")
     say(f"dtype: {dtype} ({why})")
+    say(f"backend: {backend} (the fastest lossless one measured here; --dtype float32 decodes in fp32)")
     if target is None:
         say("loading the embedded target SmolLM2-135M-Instruct (~20 s) ...")
         target = load_target(None, dtype="float32")
-    fast = in_dtype(target, dtype)
+    fast = load_backend(backend) if quant else in_dtype(target, dtype)
     prompts = PROMPTS[:cfg.prompts]
     rows, texts = decode_all(fast, cfg.methods, prompts, cfg.budget, cfg.max_new_tokens)
     for i, prompt in enumerate(prompts):
@@ -138,7 +144,7 @@ def run(cfg: DemoConfig = DemoConfig(), *, target: Target | None = None,
         say(f"checking losslessness in fp32 on a short prompt ({cfg.check_new_tokens} new tokens) ...")
         same = identical_in_fp32(target, cfg.methods, PROMPTS[0], cfg.budget, cfg.check_new_tokens)
     for row in rows:
-        row.update(dtype=dtype, dtype_reason=why, identical_in_fp32=same.get(row["method"], True))
+        row.update(dtype=dtype, backend=backend, dtype_reason=why, identical_in_fp32=same.get(row["method"], True))
     say(summary(rows))
     return rows
 
@@ -182,7 +188,8 @@ def add_arguments(d) -> None:
     d.add_argument("--max-new-tokens", type=int, default=demo.max_new_tokens, help="per prompt and method")
     d.add_argument("--prompts", type=int, default=demo.prompts, help="how many of the demo's prompts")
     d.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                   help="default: bf16 where the CPU computes it natively (AVX-512 BF16, AMX), else fp32")
+                   help="default: the fastest lossless backend of this CPU: the GGUF's own 4-bit blocks with bf16 "
+                        "activations where it computes bf16 natively (AVX-512 BF16, AMX), else fp32")
     d.add_argument("--json", action="store_true", help="print one JSON row per method (AR first)")
 
 

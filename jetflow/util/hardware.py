@@ -56,6 +56,20 @@ def fast_dtype(device: str | torch.device = "cpu") -> tuple[str, str]:
     return "float32", "the CPU has no AVX-512 BF16 or AMX, so bf16 would be emulated (several times slower)"
 
 
+def fast_backend(device: str | torch.device = "cpu", file_blocks: bool = True) -> tuple[str, str]:
+    """(backend name, the reason) of the fastest lossless backend on ``device`` (docs/compiled.md, the
+    measured curves): "q4" (4-bit blocks, bf16 activations) where bf16 is native and the target carries a
+    quantized file's own blocks (``file_blocks``: the embedded GGUF, so q4 computes the file's weights, the
+    same weights fp32 dequantizes); "bf16" where bf16 is native otherwise; "fp32" elsewhere (the packed
+    kernels are 10-40x slower with fp32 inputs). Every backend's greedy speculative output equals its own AR."""
+    dtype, why = fast_dtype(device)
+    if dtype != "bfloat16":
+        return "fp32", why
+    if file_blocks and torch.device(device).type == "cpu":
+        return "q4", f"{why}: 4-bit file blocks with bf16 activations read the fewest bytes per token"
+    return "bf16", why
+
+
 def describe() -> str:
     """One line for every timed result: CPU model, cores, torch threads, bf16 support, GPU if any."""
     flags = cpu_bf16_flags()
