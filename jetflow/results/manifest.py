@@ -119,7 +119,8 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("cpu-compiled", ("speed",), "compiled", 1),
     # the verify-cost curve per backend (fp32, bf16, int8, q4; eager and compiled), one 2-thread process, with the
     # auto budget each curve picks; evaluation.budget.auto_budget reads these rows on the same CPU (docs/compiled.md)
-    Entry("cpu-verify-curve", ("verify-curve",), "verify-curve", 1),
+    Entry("cpu-verify-curve", ("verify-curve", "--repeats", "3", "--calibrate", "1", "--max-new-tokens", "32"),
+          "verify-curve", 1),
     # training throughput, cached taps vs the online target forward (docs/scale.md): 1 thread, bf16 target
     Entry("cpu-train-throughput", ("throughput",), "throughput", 1),
     # tau against training data (docs/scale.md, issue 20): both heads from scratch on the first k of the 8 parts of the
