@@ -197,7 +197,7 @@ def generate_flags(g) -> None:
     g.add_argument("--head", default=None, help="draft head dir or hub id (default: shipped head)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="the target's dtype (default, without --quant: the fastest lossless backend of this machine, "
-                        "q4 on the embedded target where bf16 is native, else fp32; float32: exactly fp32 AR's tokens)")
+                        "bf16 where the CPU has it natively, else fp32; float32: exactly fp32 AR's tokens)")
     g.add_argument("--device", default=None, help=DEVICE_HELP)
     add_thinking_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object")

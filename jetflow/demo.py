@@ -188,8 +188,7 @@ def add_arguments(d) -> None:
     d.add_argument("--max-new-tokens", type=int, default=demo.max_new_tokens, help="per prompt and method")
     d.add_argument("--prompts", type=int, default=demo.prompts, help="how many of the demo's prompts")
     d.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                   help="default: the fastest lossless backend of this CPU: the GGUF's own 4-bit blocks with bf16 "
-                        "activations where it computes bf16 natively (AVX-512 BF16, AMX), else fp32")
+                   help="default: bf16 where the CPU computes it natively (AVX-512 BF16, AMX), else fp32")
     d.add_argument("--json", action="store_true", help="print one JSON row per method (AR first)")
 
 

@@ -26,7 +26,7 @@ def test_pick_backend_keeps_what_is_asked_and_fp32_one_flag_away(monkeypatch):
     from jetflow.util import hardware
     assert pick_backend(None, "float32") == ("float32", None, "asked for")
     monkeypatch.setattr(hardware, "cpu_bf16_flags", lambda: ("avx512_bf16",))
-    assert pick_backend(None)[:2] == ("bfloat16", "q4") and pick_backend("some/hub-model")[:2] == ("bfloat16", None)
+    assert pick_backend(None)[:2] == ("bfloat16", None) and pick_backend("some/hub-model")[:2] == ("bfloat16", None)
     assert pick_backend(None, quant="int8")[:2] == ("bfloat16", "int8")
     monkeypatch.setattr(hardware, "cpu_bf16_flags", lambda: ())
     assert pick_backend(None)[:2] == ("float32", None) and pick_backend(None, quant="q4")[:2] == ("float32", "q4")
