@@ -65,6 +65,12 @@ backends: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) -m jetflow results cpu-backends
 
+# The verify-cost curve per backend (fp32, bf16, int8, q4; eager and compiled) and the auto budget each picks
+# (docs/compiled.md): one 2-thread process; auto_budget reads the rows on the same CPU
+.PHONY: verify-curve
+verify-curve: $(STAMP)
+	$(PY) -m jetflow results cpu-verify-curve
+
 # training throughput, cached taps vs the online target (docs/scale.md): one thread, the machine to itself
 .PHONY: throughput
 throughput: $(STAMP)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m jetflow demo|generate|trace|site|regenerate|pack|unpack|taps|train|bench|replay|profile|train-correction|correction-cost|diagnose|cost|speed|throughput|curve|report|results``.
+"""Command line: ``python -m jetflow demo|generate|trace|site|regenerate|pack|unpack|taps|train|bench|replay|profile|train-correction|correction-cost|diagnose|cost|verify-curve|speed|throughput|curve|report|results``.
 
 The flags of ``regenerate``, ``taps``, ``train``, ``bench`` and ``replay`` are generated from their config
 dataclasses' field metadata (``jetflow.util.flags``), as are the commands that reproduce a config; method
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jetflow.data.regenerate import RegenerateConfig, regenerate_files
 from jetflow.evaluation import bench, budget, replay
-from jetflow.results import backends, correction_cost, curve, diagnose, manifest, report, speed, throughput
+from jetflow.results import backends, correction_cost, curve, diagnose, manifest, report, speed, throughput, verify_curve
 from jetflow.training import correction_train
 from jetflow.training.config import PRESETS as TRAIN_PRESETS
 from jetflow.training.config import TrainConfig
@@ -27,7 +27,7 @@ from jetflow.util.flags import add_flags, given
 
 from . import demo, gpu_check
 from .commands import (add_compile_flag, add_head_flags, add_plan_flag, add_output_flags, add_quiet_flag, cmd_bench, cmd_correction_cost,
-                       cmd_cost, cmd_curve, cmd_diagnose, cmd_generate, cmd_pack, cmd_profile, cmd_replay,
+                       cmd_cost, cmd_curve, cmd_verify_curve, cmd_diagnose, cmd_generate, cmd_pack, cmd_profile, cmd_replay,
                        cmd_site, cmd_throughput, cmd_trace, cmd_train, cmd_train_correction, cmd_unpack, generate_flags, pack_flags,
                        site_flags, trace_flags, unpack_flags)
 
@@ -184,6 +184,8 @@ COMMANDS = (
     Command("diagnose", "acceptance on and off the argmax spine", _flags(diagnose.DiagnoseConfig, add_output_flags),
             cmd_diagnose),
     Command("cost", "the round-cost curve in AR steps, beside a head", _flags(budget.CostConfig), cmd_cost),
+    Command("verify-curve", "verify cost per backend, eager and compiled",
+            _flags(verify_curve.VerifyCurveConfig), cmd_verify_curve),
     Command("speed", "eager vs compiled, or --backends, vs llama.cpp",
             backends.speed_arguments, backends.speed_run),
     Command("throughput", "training slots/s: cached taps vs the online target", _flags(throughput.ThroughputConfig),

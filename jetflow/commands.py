@@ -19,11 +19,12 @@ from jetflow.drafting import methods as registry
 from jetflow.drafting.head import DraftHead
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.decode import check_temperature, generate
-from jetflow.engine.load import DEVICE_HELP, NO_THINKING, THINKING_HELP, load_for_run, load_target
+from jetflow.engine.load import (DEVICE_HELP, NO_THINKING, THINKING_HELP, backend_of, load_for_run, load_target,
+                                 pick_backend)
 from jetflow.engine.quant import QUANT_HELP, QUANTS
 from jetflow.evaluation import bench, budget, plan, replay
 from jetflow.evaluation.rows import write_rows
-from jetflow.results import correction_cost, curve, diagnose, throughput
+from jetflow.results import correction_cost, curve, diagnose, throughput, verify_curve
 from jetflow.training import correction_train
 from jetflow.training.train import TrainConfig, train
 from jetflow.util import checks
@@ -152,9 +153,10 @@ def decode_once(args):
     check_head_dir(args.head, "--head")
     _check_cache_len(args)
     largest = max(budget.CANDIDATES) if args.budget == "auto" else int(args.budget)
+    dtype, quant, args.backend_why = pick_backend(args.model, args.dtype, args.quant, args.device)
     target = load_for_run(args.model, [args.prompt], max_new_tokens=args.max_new_tokens, budget=largest,
-                          dtype=args.dtype, device=args.device, thinking=args.thinking, compile=args.compile,
-                          cache_len=args.cache_len, quant=args.quant)
+                          dtype=dtype, device=args.device, thinking=args.thinking, compile=args.compile,
+                          cache_len=args.cache_len, quant=quant)
     proposer = make_proposer(args.method, target, head=args.head)
     nodes, prediction = args.budget, None
     if nodes == "auto":
@@ -165,8 +167,9 @@ def decode_once(args):
 
 
 def cmd_generate(args) -> int:
-    _, res, nodes, prediction = decode_once(args)
-    row = {"method": args.method, "budget": nodes, "prompt": args.prompt, "tokens": res.tokens,
+    target, res, nodes, prediction = decode_once(args)
+    row = {"method": args.method, "budget": nodes, "backend": backend_of(target), "backend_reason": args.backend_why,
+           "prompt": args.prompt, "tokens": res.tokens,
            "text": res.text, "new_tokens": res.new_tokens, "rounds": len(res.rounds), "tau": res.tau,
            "prefill_s": res.prefill_s, "decode_s": res.decode_s, "tokens_per_s": res.tokens_per_s,
            "compile_s": res.compile_s}  # --compile: graphs compiled (or loaded) before the clock, never in decode_s
@@ -176,7 +179,8 @@ def cmd_generate(args) -> int:
         print(json.dumps(row))
     else:
         print(res.text)
-        print(f"\n[{args.method} budget={nodes}] {res.new_tokens} tokens, {len(res.rounds)} rounds, "
+        print(f"\n[{args.method} budget={nodes} backend={row['backend']} ({args.backend_why}; --dtype float32: "
+              f"fp32)] {res.new_tokens} tokens, {len(res.rounds)} rounds, "
               f"tau={res.tau:.2f} (tokens per round incl. bonus), {res.tokens_per_s:.1f} tok/s decode"
               + (f"; compile {res.compile_s:.1f} s before it (untimed)" if args.compile else ""), file=sys.stderr)
     return 0
@@ -191,7 +195,9 @@ def generate_flags(g) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--model", default=None, help="hub id or local dir (default: embedded SmolLM2)")
     g.add_argument("--head", default=None, help="draft head dir or hub id (default: shipped head)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="the target's dtype (default, without --quant: float32, whose output equals fp32 AR token for "
+                        "token; bfloat16 is faster where the CPU has it natively; with --quant: bf16 where native)")
     g.add_argument("--device", default=None, help=DEVICE_HELP)
     add_thinking_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object")
@@ -205,7 +211,7 @@ def cmd_trace(args) -> int:
     checks.writable_file(args.out, "--out")
     target, res, nodes, _ = decode_once(args)
     trace = record(res, target.decode, method=args.method, budget=nodes, prompt=args.prompt,
-                   temperature=args.temperature, model=target.name, dtype=args.dtype,
+                   temperature=args.temperature, model=target.name, dtype=str(target.dtype).removeprefix("torch."),
                    head=args.head or "shipped", max_new_tokens=args.max_new_tokens)
     path = write_player(trace, args.out)
     if args.json:
@@ -347,6 +353,17 @@ def cmd_throughput(args) -> int:
     rows = throughput.measure(cfg)
     print(f"wrote {write_rows(rows, cfg.out, throughput.to_markdown)}", file=sys.stderr)
     print(throughput.to_markdown(rows))
+    return 0
+
+
+def cmd_verify_curve(args) -> int:
+    cfg = verify_curve.VerifyCurveConfig(**given(args, verify_curve.VerifyCurveConfig))
+    checks.writable_dir(verify_curve.out_dir(cfg), "--out")
+    if cfg.calibrate:
+        checks.data_source(cfg.data_dir)
+    rows = verify_curve.run(cfg)
+    print(f"wrote {verify_curve.out_dir(cfg)}", file=sys.stderr)
+    print(verify_curve.to_markdown(rows))
     return 0
 
 

@@ -67,12 +67,14 @@ def test_llama_cpp_ratios_when_its_rows_are_there():
     assert agree["fp32"]["same_as_llama_cpp_ar"] == 1 and agree["llama.cpp"]["common_prefix_fp32"] == 11
 
 
-def test_unknown_backend_and_missing_quant_are_refused(monkeypatch):
+def test_unknown_backend_refused_and_names_load_through_the_engine(monkeypatch):
     with pytest.raises(ValueError, match="unknown backends"):
         backends.BackendsConfig(backends=("fp16",))
-    monkeypatch.setattr(backends, "load_target", lambda name=None, *, dtype="float32": None)
-    with pytest.raises(ValueError, match="needs jetflow.engine.quant"):
-        backends.load_backend("q4")
+    calls = []
+    monkeypatch.setattr(backends, "engine_load_backend", lambda name, **kw: calls.append((name, kw)))
+    backends.load_backend("q4")
+    backends.load_backend("bf16-compiled", cache_len=96)
+    assert calls == [("q4", {"compile": False, "cache_len": None}), ("bf16", {"compile": True, "cache_len": 96})]
     assert {"q4", "q4-compiled", "fp32-compiled"} <= set(backends.backend_names())
 
 

@@ -136,3 +136,36 @@ def test_auto_budget_returns_the_picked_budget_and_its_prediction(target):
     assert budget.auto_budget(target, "ar", prompt, cost_by_size={1: 0.02}) == (1, 50.0)
     best, pred = budget.auto_budget(target, "lookup", prompt, budgets=(2, 4), max_new_tokens=4)  # measured
     assert best in (2, 4) and pred > 0
+
+
+def _curve_rows(target, path, seconds, **change):
+    import json
+    from jetflow.util import hardware
+    row = {"kind": "curve", "backend": "fp32", "model": target.name, "cpu": hardware.cpu_model(),
+           "threads": torch.get_num_threads(), "seconds": {str(k): v for k, v in seconds.items()}}
+    other = {**row, **change, "seconds": {"1": 9.0, "2": 9.0}}
+    path.write_text(json.dumps([{"kind": "setup"}, *([other] if change else []), row]))
+    return path
+
+
+@pytest.mark.parametrize("change", [{"backend": "bf16"}, {"model": "other"}, {"cpu": "another CPU"},
+                                    {"threads": 99}, {"backend": "fp32-compiled"}])
+def test_saved_cost_reads_the_curve_of_this_backend_model_cpu_and_threads(target, tmp_path, change):
+    path = _curve_rows(target, tmp_path / "rows.json", {1: 1.0, 3: 1.5}, **change)
+    assert budget.saved_cost(target, [tmp_path / "missing.json", path]) == {1: 1.0, 3: 1.5}
+    only_other = _curve_rows(target, tmp_path / "other.json", {1: 1.0}, **change)
+    rows = __import__("json").loads(only_other.read_text())
+    only_other.write_text(__import__("json").dumps(rows[:2]))  # the mismatching row alone
+    assert budget.saved_cost(target, [only_other]) is None
+
+
+def test_auto_budget_picks_against_the_saved_curve_without_timing(target, tmp_path, monkeypatch):
+    """With a saved curve of this backend, auto_budget times nothing and weighs only the trees the curve holds."""
+    cost = {1: 1.0, 3: 1.1, 5: 1.2}
+    path = _curve_rows(target, tmp_path / "rows.json", cost)
+    monkeypatch.setattr(budget, "curve_files", lambda: (path,))
+    monkeypatch.setattr(budget, "measure_verify_cost", lambda *a, **k: pytest.fail("timed a curve"))
+    prompt = torch.tensor([3, 4, 5, 3, 4, 5, 3, 4])
+    best, pred = budget.auto_budget(target, "lookup", prompt, budgets=(2, 4, 8), max_new_tokens=6)
+    tau = budget.calibrate(target, "lookup", [prompt], (2, 4), max_new_tokens=6).tau  # 8 + 1 lies past the curve
+    assert (best, pred) == (budget.pick_budget(tau, cost)[0], pytest.approx(tau[best] / cost[best + 1], rel=1e-3))

@@ -16,7 +16,7 @@ from jetflow.views.viz_rounds import branch_acceptance
 
 V = 64
 PROMPT = "abc abc abc abc"
-ARGS = ["--prompt", PROMPT, "--method", "lookup", "--budget", "8", "--max-new-tokens", "40"]
+ARGS = ["--prompt", PROMPT, "--method", "lookup", "--budget", "8", "--max-new-tokens", "40", "--dtype", "float32"]
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_bad_trace_input_is_one_error_line(argv, capsys, tmp_path, monkeypatch):
 def test_trace_text_equals_generates_on_the_embedded_target(smol, tmp_path, capsys):
     import json
     args = ["--prompt", "What is 7 times 8? Answer briefly.", "--method", "jetflow", "--budget", "8",
-            "--max-new-tokens", "24"]
+            "--max-new-tokens", "24", "--dtype", "float32"]
     assert main(["generate", *args, "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert main(["trace", *args, "--out", str(tmp_path / "t.html")]) == 0

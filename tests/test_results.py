@@ -38,6 +38,14 @@ def test_the_entry_reproduces_the_committed_folder(name):
         assert {r["budget"] for r in rows} == set(cfg.budgets) and len({r["prompt"] for r in rows}) == cfg.prompts
         assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
         return
+    if results.entry(name).argv[0] == "verify-curve":  # one setup row holds the run's settings
+        from jetflow.results.verify_curve import VerifyCurveConfig
+        cfg = VerifyCurveConfig(**given(build_parser().parse_args(results.command(name)), VerifyCurveConfig))
+        got = rows[0]["config"]
+        assert rows[0]["kind"] == "setup" and (got["repeats"], got["calibrate"], got["max_new_tokens"]) == \
+            (cfg.repeats, cfg.calibrate, cfg.max_new_tokens)
+        assert (RESULTS / name / "table.md").read_text() == results.entry(name).renderer(rows)
+        return
     if results.entry(name).argv[0] == "speed":  # one setup row holds the run's settings
         from jetflow.results import speed
         args = build_parser().parse_args(results.command(name))

@@ -13,7 +13,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from jetflow.engine.compiled import CompileConfig, call_frozen, timed_first_call
+from jetflow.engine.compiled import CompileConfig, call_frozen, timed_first_call, warmed_size
 from .head import HeadState, block_positions, training_mask
 
 
@@ -55,7 +55,7 @@ class CompiledDraft:
         """The graph's inputs: block rows, positions, the context K/V zero-padded to the bucket and the
         mask over it (pad columns lie past the anchor, so ``training_mask`` hides them)."""
         c, n = self.head.config, state.n_ctx
-        size = self.config.context(n)
+        size = warmed_size(self.compile_s, n, self.config.context)  # the next compiled bucket, else the next one
         anchors = torch.tensor([n], device=self.device)
         x = self.head.block_inputs(torch.tensor([anchor_token]), embed).to(self.device, self.head.dtype)
         kv = [tuple(_padded_rows(t, size) for t in layer) for layer in state.kv]
@@ -77,12 +77,15 @@ class CompiledDraft:
 
     @torch.no_grad()
     def warmup(self, embed: torch.Tensor, up_to: int | None = None, shortest: int = 1) -> dict[int, float]:
-        """Compile (or load) the graph of every context bucket from the one holding ``shortest`` rows (a run's
-        shortest prompt) up to the one holding ``up_to`` rows (default: the last bucket) on a throwaway one-row
-        context (shapes, not values, pick the graph); returns {bucket: seconds of its first call}."""
+        """Compile (or load) the graph of the context bucket holding ``up_to`` rows (a run's longest context;
+        every shorter context pads up to it), or with ``up_to`` None every bucket from the one holding
+        ``shortest`` rows, on a throwaway one-row context (shapes, not values, pick the graph); returns
+        {bucket: seconds of its first call}."""
         buckets = self.config.head_contexts
-        top = buckets.index(self.config.context(max(1, up_to))) + 1 if up_to is not None else len(buckets)
-        buckets = buckets[buckets.index(self.config.context(max(1, min(shortest, up_to or shortest)))):top]
+        if up_to is not None:  # one graph: every context of the run pads up to it (``warmed_size``)
+            buckets = (self.config.context(max(1, up_to)),)
+        else:
+            buckets = buckets[buckets.index(self.config.context(max(1, shortest))):]
         rows = torch.zeros(1, self.head.fc.in_features, device=self.device)
         one = self.head.extend(None, rows.reshape(1, 1, -1))
         for size in buckets:

@@ -18,8 +18,8 @@ does on a dynamic cache and sets the live length; nothing is reallocated.
 
 The compiled target owns ONE static cache: ``new_cache()`` resets it and returns a fresh handle,
 and an older handle then refuses to run, so two decodes can never interleave on it silently.
-Inductor's FX-graph and AOT caches (``$TORCHINDUCTOR_CACHE_DIR``, default under /tmp) make a later
-process's compile a cache load rather than a full compile.
+Inductor's FX-graph and AOT caches (``use_disk_cache``: ``$TORCHINDUCTOR_CACHE_DIR``, else ~/.cache/jetflow/inductor)
+make a later process's compile a cache load (dynamo still traces), where nothing is frozen (``freezing``).
 
 A proposer's draft pass compiles too (``CompileConfig.compile_head``): ``generate`` on a compiled target
 hands its proposer to ``CompiledTarget.draft_proposer``, which asks the proposer for its compiled twin through
@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import bisect
 import functools
+import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers import StaticCache
 
+from jetflow.util.paths import cache_dir
 from .target import Step, Target, cache_argument
 
 QUERY_SIZES = (1, 9, 17, 33, 65, 129, 257)  # AR, then budget + 1 for budgets 8, 16, 32, ...
@@ -47,7 +49,7 @@ CACHE_MULTIPLE = 256  # a run-sized static cache is rounded up to a multiple of 
 class CompileConfig:
     cache_len: int = 1024                       # static KV rows: prompt + new tokens + budget + 1 must fit
     query_sizes: tuple[int, ...] = QUERY_SIZES  # one graph per size, compiled on first use
-    freezing: bool = True                       # CPU: fold and prepack the frozen weights (oneDNN)
+    freezing: bool = False                      # CPU: fold and prepack the weights (oneDNN); on, no disk cache
     compile_head: bool = True                   # also compile a proposer's draft pass (its compiled_for twin)
     head_contexts: tuple[int, ...] | None = None  # head context buckets; None: 64, 128, ... up to cache_len
 
@@ -92,12 +94,33 @@ def run_cache_len(target: Target, prompts, max_new_tokens: int, budget: int = 1)
     return cache_len_for(longest, max_new_tokens, budget)
 
 
+def warmed_size(compiled, size: int, fallback) -> int:
+    """The size a call of ``size`` runs at: the smallest size already compiled that holds it, so a run that warmed
+    only its largest tree (or head bucket) pads every smaller one up to it and never compiles mid-run; with none
+    compiled that holds it, ``fallback(size)`` (the next configured size)."""
+    fits = [s for s in compiled if s >= size]
+    return min(fits) if fits else fallback(size)
+
+
 def _bucket(sizes: tuple[int, ...], size: int, what: str, name: str) -> int:
     i = bisect.bisect_left(sizes, size)
     if i == len(sizes):
         raise ValueError(f"{what.format(size)} exceeds the largest compiled size {sizes[-1]}; "
                          f"add a size to CompileConfig.{name}")
     return sizes[i]
+
+
+def use_disk_cache() -> str:
+    """Inductor's on-disk caches on (the FX graph cache and the AOTAutograd cache), in a folder that lasts:
+    ``$TORCHINDUCTOR_CACHE_DIR``, set to ``~/.cache/jetflow/inductor`` (``$JETFLOW_CACHE/inductor``) where unset, so a
+    later process loads every graph's compiled code rather than compiling it (dynamo still traces each graph:
+    docs/compiled.md). Returns the folder."""
+    import torch._functorch.config
+    import torch._inductor.config
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+    torch._inductor.config.fx_graph_cache = True
+    torch._functorch.config.enable_autograd_cache = True
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 def call_frozen(graph, freezing: bool, device: torch.device, *args):
@@ -190,6 +213,7 @@ class StaticEngine:
         self._eager = functools.partial(_run, model, cache_argument(type(model)), self.cache)
         self.drafts: dict[int, object] = {}     # id(head) -> its compiled draft pass (kept by the proposers' twins)
         self.proposers: dict[int, tuple] = {}   # id(proposer) -> (proposer, its compiled twin)
+        use_disk_cache()
         # one code object (_run) holds every size's graph; never let dynamo fall back to eager silently
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
@@ -216,7 +240,8 @@ class StaticEngine:
         on a prefill (eager): logits (1, V) of the last position."""
         self.check(handle)
         past, size = handle.length, ids.numel()
-        padded = size if past == 0 else self.config.padded(size)  # prefill runs eager at its own length
+        # prefill runs eager at its own length; a decode forward at the next compiled size, else the next configured one
+        padded = size if past == 0 else warmed_size(self.compile_s, size, self.config.padded)
         full = padded_mask(mask, past, size, padded, self.config.cache_len, self.dtype, self.device)
         ids = torch.cat([ids, ids.new_zeros(padded - size)])[None].to(self.device)  # (1, P)
         positions = torch.cat([positions, positions.new_full((padded - size,), past)])[None].to(self.device)
@@ -294,16 +319,17 @@ class CompiledTarget(Target):
                 self.forward(torch.zeros(size, dtype=torch.long), cache)
         return {s: self.engine.compile_s[s] for s in sizes}
 
-    def warm(self, proposers=(), *, rows: int | None = None, tree: int | None = None, shortest: int = 1) -> list[dict]:
-        """Compile (or load) every graph a run can reach, before any timing: the target's query sizes up to
-        the one a ``tree``-token verify pads to (default: all) and, for each proposer whose compiled twin
-        has a ``warmup`` hook, its draft pass's context buckets from ``shortest`` (the shortest prompt: a head's
-        context never holds fewer rows) up to ``rows`` context rows (default: the last).
+    def warm(self, proposers=(), *, rows: int | None = None, tree=None, shortest: int = 1) -> list[dict]:
+        """Compile (or load) every graph a run can reach, before any timing: the AR graph and the one a
+        ``tree``-token verify pads to (``tree``: a size or several; smaller trees pad up to the next of them,
+        ``warmed_size``; default: every query size)
+        and, for each proposer whose compiled twin has a ``warmup`` hook, its draft pass's context bucket of
+        ``rows`` context rows (smaller contexts pad up to it; default: every bucket from ``shortest``'s).
         Returns one row per graph compiled or loaded by this call ({"graph", "size", "seconds"})."""
         cfg = self.engine.config
-        top = cfg.padded(tree) if tree is not None else cfg.query_sizes[-1]
         before = self.compiled_graphs()
-        self.warmup(tuple(s for s in cfg.query_sizes if s <= top))
+        trees = () if tree is None else (tree,) if isinstance(tree, int) else tuple(tree)
+        self.warmup(cfg.query_sizes if tree is None else tuple(sorted({1, *map(cfg.padded, trees)})))
         for proposer in proposers:
             hook = getattr(self.draft_proposer(proposer), "warmup", None)
             if hook is not None:

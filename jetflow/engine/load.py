@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .compiled import CompileConfig, compile_target, run_cache_len
-from .quant import QUANTS, quantize_model
+from .compiled import CompileConfig, CompiledTarget, compile_target, run_cache_len
+from .quant import QUANTS, QuantLinear, quantize_model
 from .target import Target, check_supported
+from jetflow.util import hardware
 
 EMBEDDED = "smollm2-135m"  # name of the embedded default target
 THINKING_HELP = ("a chat template with an enable_thinking switch (Qwen3) thinks: off by default, as the "
@@ -24,6 +25,9 @@ THINKING_HELP = ("a chat template with an enable_thinking switch (Qwen3) thinks:
 NO_THINKING = ("--no-thinking", "thinking off (the default where the template knows the switch)")  # flag, help
 DEVICE_HELP = "where the target runs, e.g. cuda or cuda:1 (default: the CPU)"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the CPU backends of the embedded target by name: (dtype, quant); int8 and q4 compute in bf16, the kernels' fast path
+BACKENDS = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "int8": ("bfloat16", "int8"),
+            "q4": ("bfloat16", "q4")}
 
 
 def embedded_gguf() -> Path:
@@ -117,6 +121,40 @@ def load_target(name: str | None = None, *, dtype: str = "float32", device: str 
         raise ValueError("cache_len sizes the compiled target's static cache: pass compile=True with it")
     target = load_compiled(name, dtype, device, cache_len, quant) if compile else load_eager(name, dtype, device, quant)
     return replace(target, chat_kwargs=chat_kwargs_for(target.tokenizer, thinking, chat_kwargs))
+
+
+def load_backend(name: str, *, compile: bool = False, cache_len: int | None = None, **kwargs) -> Target:
+    """The embedded target as the backend ``name`` (a key of ``BACKENDS``: fp32, bf16, int8, q4), eager or
+    compiled (``cache_len`` rows of static cache); ``kwargs`` go to ``load_target``."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    dtype, quant = BACKENDS[name]
+    return load_target(None, dtype=dtype, quant=quant, compile=compile, cache_len=cache_len, **kwargs)
+
+
+def pick_backend(name: str | None = None, dtype: str | None = None, quant: str | None = None,
+                 device: str | None = None) -> tuple[str, str | None, str]:
+    """(dtype, quant, why) a command decodes ``name`` in: ``dtype`` and ``quant`` as asked where either is given
+    (``quant`` alone computes in bf16 where the device has it, else fp32); neither: fp32, the backend whose
+    speculative output measured identical to its own AR on every prompt (bf16 and the quantized backends are
+    faster where the CPU has bf16, but a many-token verify sums in another order than AR's one-token step, so
+    their output can flip at near-ties: docs/speed.md)."""
+    if dtype is not None or quant is not None:
+        return dtype or (hardware.fast_dtype(device or "cpu")[0] if quant else "float32"), quant, "asked for"
+    fast, why = hardware.fast_dtype(device or "cpu")
+    if fast == "float32":
+        return "float32", None, f"exact, and the fastest here: {why}"
+    return "float32", None, (f"exact: equals fp32 AR token for token; bf16 is faster here ({why}) but may "
+                             "differ from bf16 AR at near-ties: --dtype bfloat16")
+
+
+def backend_of(target: Target) -> str:
+    """The backend a target runs: "fp32", "bf16", "int8" or "q4" (the ``BACKENDS`` key of its dtype and quantized
+    linears), with "-compiled" for a compiled target; another dtype gives its own name (e.g. "float16")."""
+    kinds = {m.kind for m in target.model.modules() if isinstance(m, QuantLinear)}
+    key = (str(target.dtype).removeprefix("torch."), kinds.pop() if len(kinds) == 1 else None)
+    name = next((b for b, v in BACKENDS.items() if v == key), "-".join(k for k in key if k))
+    return name + ("-compiled" if isinstance(target, CompiledTarget) else "")
 
 
 def load_for_run(name: str | None, prompts, *, max_new_tokens: int, budget: int = 1, compile: bool = False,

@@ -181,7 +181,7 @@ def run(target: Target, methods: Sequence[str], prompts_by_dataset: Mapping[str,
                    if book and (got := book.done(ds, i, ids_of[ds][i], needed, shas[ds][i])) is not None}
         if warmup and len(resumed) < sum(map(len, encoded.values())):
             if hasattr(target, "warm"):  # compiled: every graph the run reaches, compiled untimed (CompiledTarget.warm)
-                got = target.warm([c.proposer for c in todo.values()], tree=max(c.budget or 0 for c in cfgs) + 1,
+                got = target.warm([c.proposer for c in todo.values()], tree=sorted({(c.budget or 0) + 1 for c in cfgs}),
                                   rows=max(n := [ids.numel() for ps in encoded.values() for ids in ps]) + max_new_tokens,
                                   shortest=min(n))
                 tqdm.write(f"compiled {len(got)} graph(s) in {sum(r['seconds'] for r in got):.1f} s, untimed", file=sys.stderr)

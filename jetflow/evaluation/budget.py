@@ -19,6 +19,7 @@ The same curve in AR steps, plus one draft pass, saved beside the causal head (`
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -30,11 +31,12 @@ import torch
 from jetflow.engine import metrics
 from jetflow.engine.decode import generate, verify_step
 from jetflow.util import hardware
+from jetflow.util.paths import REPO, cache_dir
 from jetflow.util.flags import option
 from jetflow.drafting.cost import COST_SIZES, CostCurve, interp_cost, save_cost
 from jetflow.drafting.methods import make_proposer
 from jetflow.engine.target import Target, keep_path
-from jetflow.engine.load import load_target
+from jetflow.engine.load import backend_of, load_target
 from jetflow.engine.tree import Tree
 from jetflow.drafting.builders import accum_logp
 from jetflow.engine.verify import greedy_accept
@@ -143,16 +145,45 @@ def calibrate(target: Target, method: str, prompts: Sequence, budgets: Sequence[
 
 
 CANDIDATES = (8, 16, 32, 64, 128, 255)  # budgets auto_budget tries by default
+CURVE_ENTRY = "cpu-verify-curve"  # the committed verify-cost curves (python -m jetflow results cpu-verify-curve)
+
+
+def curve_files() -> tuple[Path, ...]:
+    """Where saved verify-cost curves are looked up, the user's own run first: ``verify-curve``'s default
+    folder under the cache, then the committed results entry of the checkout."""
+    return cache_dir() / "verify-curve" / "rows.json", REPO / "data" / "results" / CURVE_ENTRY / "rows.json"
+
+
+def saved_cost(target: Target, files: Sequence[Path] | None = None) -> dict[int, float] | None:
+    """{k: seconds} of a saved verify-cost curve (``python -m jetflow verify-curve``) of this target's backend
+    (``backend_of``: dtype, quantization, compiled or not) and model, on this CPU model at this torch thread
+    count; None when no saved curve matches (then ``auto_budget`` measures)."""
+    want = {"model": target.name, "backend": backend_of(target), "cpu": hardware.cpu_model(),
+            "threads": torch.get_num_threads()}
+    for path in curve_files() if files is None else files:
+        try:
+            rows = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        for row in rows if isinstance(rows, list) else ():
+            if row.get("kind") == "curve" and all(row.get(k) == v for k, v in want.items()):
+                return {int(k): float(v) for k, v in row["seconds"].items()}
+    return None
 
 
 def auto_budget(target: Target, method: str, prompts, *, budgets: Sequence[int] = CANDIDATES,
                 head: str | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
                 cost_by_size: Mapping[int, float] | None = None) -> tuple[int, float]:
     """(best budget, its predicted decode tokens/s) for ``method`` on this machine: calibrate on
-    ``prompts`` (one text or a list), time the verify step at each candidate size, pick."""
+    ``prompts`` (one text or a list) and pick against the verify-cost curve: ``cost_by_size``, else the
+    saved curve of this backend (``saved_cost``; candidates limited to the trees it measured), else one
+    timed here at each candidate size."""
     prompts = [prompts] if isinstance(prompts, (str, torch.Tensor)) else list(prompts)
+    cost = cost_by_size or saved_cost(target)
+    if cost is not None and not cost_by_size:
+        budgets = [b for b in budgets if b + 1 <= max(cost)] or [max(cost) - 1]
     sizes = (1,) if method == "ar" else sorted({1, *(b + 1 for b in budgets)})
-    cost = cost_by_size or measure_verify_cost(target, sizes, past_len=min(256, target.max_context - sizes[-1]))
+    cost = cost or measure_verify_cost(target, sizes, past_len=min(256, target.max_context - sizes[-1]))
     if method == "ar":  # the root alone: one token per one-token verify, budget unused
         return 1, 1 / interp_cost(cost, 1)
     cal = calibrate(target, method, prompts, budgets, max_new_tokens, temperature=temperature, head=head)

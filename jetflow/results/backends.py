@@ -15,7 +15,6 @@ AR tokens/s from above (docs/speed.md).
 """
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import statistics
@@ -28,7 +27,8 @@ from jetflow.util import hardware
 from jetflow.data import prompts as data
 from jetflow.engine.compiled import cache_len_for
 from jetflow.engine.decode import generate
-from jetflow.engine.load import embedded_gguf, load_target
+from jetflow.engine.load import BACKENDS, embedded_gguf
+from jetflow.engine.load import load_backend as engine_load_backend
 from jetflow.drafting.methods import make_proposer
 from jetflow.evaluation.budget import auto_budget
 from jetflow.evaluation.rows import write_rows
@@ -37,8 +37,6 @@ from . import llamacpp
 from .llamacpp_verify import SIZES, ar_agreement, route_rows, verify_curve
 from .speed import llama_cpp_ar, llama_cpp_model
 
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-QUANTS = ("int8", "q4")  # jetflow.engine.quant's load_target(quant=...) where the kit has it
 AUTO_CANDIDATES = (8, 16, 32)
 COMPILED = "-compiled"  # a backend name's suffix: the compiled target (jetflow.engine.compiled)
 BANDWIDTH_MIB = (64, 1024)  # a copy that fits the last-level cache of big server CPUs, and one that does not
@@ -68,19 +66,14 @@ class BackendsConfig:
 
 def backend_names() -> tuple[str, ...]:
     """fp32, bf16, int8, q4 and each one compiled (``NAME-compiled``: graphs warmed before any timing)."""
-    return (*DTYPES, *QUANTS, *(f"{b}{COMPILED}" for b in (*DTYPES, *QUANTS)))
+    return (*BACKENDS, *(f"{b}{COMPILED}" for b in BACKENDS))
 
 
 def load_backend(name: str, cache_len: int | None = None):
-    """The embedded target as ``name``: fp32/bf16 weights, or int8/q4 through ``load_target(quant=...)``;
-    ``NAME-compiled``: its compiled twin over a ``cache_len``-row static cache."""
-    base = name.removesuffix(COMPILED)
-    kw = {"compile": True, "cache_len": cache_len} if name.endswith(COMPILED) else {}
-    if base in DTYPES:
-        return load_target(None, dtype=DTYPES[base], **kw)
-    if "quant" not in inspect.signature(load_target).parameters:
-        raise ValueError(f"backend {name} needs jetflow.engine.quant (load_target(quant=...)), not in this kit yet")
-    return load_target(None, dtype="bfloat16", quant=base, **kw)
+    """The embedded target as ``name`` (``engine.load.BACKENDS``); ``NAME-compiled``: its compiled twin over a
+    ``cache_len``-row static cache."""
+    compiled = name.endswith(COMPILED)
+    return engine_load_backend(name.removesuffix(COMPILED), compile=compiled, cache_len=cache_len if compiled else None)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

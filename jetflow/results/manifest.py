@@ -55,9 +55,10 @@ class Entry:
         from .diagnose import diagnosis_markdown
         from .speed_table import to_markdown as speed_markdown
         from .throughput import to_markdown as throughput_markdown
+        from .verify_curve import to_markdown as verify_curve_markdown
         return {"replay": replay_markdown, "diagnose": diagnosis_markdown, "speed": speed_markdown,
                 "correction-cost": cost_markdown, "throughput": throughput_markdown,
-                "curve": curve_markdown}.get(self.argv[0], bench_markdown)
+                "curve": curve_markdown, "verify-curve": verify_curve_markdown}.get(self.argv[0], bench_markdown)
 
 
 def _bench(name, group, batch, methods, dataset, budgets, dtype, *extra) -> Entry:
@@ -122,6 +123,10 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("cpu-backends", ("speed", "--backends", "fp32,bf16,int8,q4", "--dataset", "math500", "--skip", "100",
                            "--limit", "4", "--max-new-tokens", "64", "--repeats", "1", "--threads", "1", "--budget", "16",
                            "--methods", "jetflow-pc+lookup,jetflow+lookup"), "backends", 1),
+    # the verify-cost curve per backend (fp32, bf16, int8, q4; eager and compiled), one 2-thread process, with the
+    # auto budget each curve picks; evaluation.budget.auto_budget reads these rows on the same CPU (docs/compiled.md)
+    Entry("cpu-verify-curve", ("verify-curve", "--repeats", "3", "--calibrate", "1", "--max-new-tokens", "32"),
+          "verify-curve", 1),
     # training throughput, cached taps vs the online target forward (docs/scale.md): 1 thread, bf16 target
     Entry("cpu-train-throughput", ("throughput",), "throughput", 1),
     # tau against training data (docs/scale.md, issue 20): both heads from scratch on the first k of the 8 parts of the
