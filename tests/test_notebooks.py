@@ -3,7 +3,9 @@
 - nbval skips cells that were never run, so a checked cell (first line ``# NBVAL_CHECK_OUTPUT``) committed
   without its output would never be compared: every checked cell must be stored executed, without errors
   or stderr (``make notebooks-refresh`` re-executes them all in smoke mode);
-- a checked cell pins only what is the same on every machine: no timings, no speedups, no bf16 numbers;
+- a checked cell pins only what is the same on every machine: no timings, no speedups, no bf16 numbers, and
+  nothing that rests on a head's last rounding bits (its probabilities to two decimals, its tree's nodes per
+  depth: 01 printed both, and they moved between an Intel Xeon and an AMD EPYC, so those cells are unchecked);
 - every notebook starts with ``smoke = jetflow.notebook_setup()`` and opens with a header that links on.
 """
 import json
