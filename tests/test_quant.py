@@ -138,13 +138,16 @@ def test_embedded_q4_carries_the_files_blocks_exactly(smol):
 @pytest.mark.parametrize("kind", ["q4"])
 def test_embedded_quantized_speculation_equals_its_own_ar(kind):
     """On the embedded target quantized (bf16 activations, the fast backend), every decoding method's greedy
-    output equals the same quantized target's AR, on one GSM8K-style prompt."""
+    output equals the same quantized target's AR on one GSM8K-style prompt, 16 tokens: every method's drafting
+    runs end to end on the packed linears. Not a proof of exactness: a verify's rows can round differently from
+    AR's (the attention is not row-invariant; docs/speed.md, tools/attention_invariance.py), which this prompt's
+    wide argmax margins do not show."""
     from jetflow.drafting import methods as registry
     from jetflow.drafting.methods import make_proposer
     from jetflow.engine.load import load_target
     target = load_target(None, dtype="bfloat16", quant=kind)
     prompt = "Natalia sold clips to 48 of her friends in April, and then half as many in May. How many in all?"
-    ref = generate(target, prompt, None, max_new_tokens=32).tokens
+    ref = generate(target, prompt, None, max_new_tokens=16).tokens
     for method in registry.names(lambda m: m.decodes and m.name != "ar" and not m.correction):  # ablation corrections live beside the pool1 head only
-        got = generate(target, prompt, make_proposer(method, target), budget=16, max_new_tokens=32).tokens
+        got = generate(target, prompt, make_proposer(method, target), budget=16, max_new_tokens=16).tokens
         assert got == ref, method
