@@ -48,7 +48,9 @@ def test_fp32_attention_is_attention_under_every_mask(tool, dtype):
     assert torch.equal(tool.fp32_attention(None, q, k, v, causal == 0)[0], no_mask)
 
 
-def test_a_registered_fp32_attention_decodes_trees_like_ar(tool):
+def test_a_registered_fp32_attention_decodes_trees_like_ar(tool, monkeypatch):
+    import jetflow.engine.target as target_module
+    monkeypatch.setattr(target_module, "ATTENTION", target_module.ATTENTION)  # register() widens it: undone after
     model = tiny_model("qwen3", 64, seed=3)
     model.set_attn_implementation(tool.register())
     target = Target(model=model, tokenizer=ByteTokenizer(), name="tiny qwen3, fp32 attention")

@@ -29,6 +29,7 @@ the norm) computed the same way for one row and for a tree's rows.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -88,6 +89,17 @@ def register() -> str:
     return FP32_ATTENTION
 
 
+@contextlib.contextmanager
+def attention_of(target, name: str):
+    """``target`` (a cached, shared model) computing attention with ``name`` inside the block, as before after it."""
+    before = target.model.config._attn_implementation
+    target.model.set_attn_implementation(name)
+    try:
+        yield target
+    finally:
+        target.model.set_attn_implementation(before)
+
+
 def linears(backend: str) -> dict:
     """Per linear of layer 0 and the lm_head: the row counts (2-33) at which some row of the call differs from
     the same row computed alone, with the largest difference (empty: row-invariant at every count tried)."""
@@ -128,8 +140,6 @@ def first_differences(backend: str, attention: str, steps: int = 6) -> dict:
     input (after the norm), its output (before o_proj), the MLP's middle (before down_proj) and its output (after
     down_proj), the positions whose values differ at all; the first layer and site where any does."""
     target = load_backend(backend)
-    before = target.model.config._attn_implementation
-    target.model.set_attn_implementation(attention)
     seen: dict[str, list[torch.Tensor]] = {}
     sites = {"attention input": ("self_attn.q_proj", "in"), "attention output": ("self_attn.o_proj", "in"),
              "mlp middle": ("mlp.down_proj", "in"), "mlp output": ("mlp.down_proj", "out")}
@@ -141,22 +151,22 @@ def first_differences(backend: str, attention: str, steps: int = 6) -> dict:
                 seen.setdefault(key, []).append(x.detach().reshape(-1, x.shape[-1]).clone())
             handles.append(layer.get_submodule(path).register_forward_hook(keep))
     try:
-        ids = target.encode(PROMPTS[0])
-        cache = target.new_cache()
-        tokens = [int(target.forward(ids, cache).logits[-1].argmax())]
-        seen.clear()
-        for _ in range(steps):
-            tokens.append(int(target.forward(torch.tensor(tokens[-1:]), cache).logits[-1].argmax()))
-        ar = {k: torch.cat(v) for k, v in seen.items()}
-        cache = target.new_cache()
-        target.forward(ids, cache)
-        seen.clear()
-        target.forward(torch.tensor(tokens[:steps]), cache)
-        differing = {k: [p for p in range(steps) if not torch.equal(ar[k][p], seen[k][0][p])] for k in ar}
+        with attention_of(target, attention):
+            ids = target.encode(PROMPTS[0])
+            cache = target.new_cache()
+            tokens = [int(target.forward(ids, cache).logits[-1].argmax())]
+            seen.clear()
+            for _ in range(steps):
+                tokens.append(int(target.forward(torch.tensor(tokens[-1:]), cache).logits[-1].argmax()))
+            ar = {k: torch.cat(v) for k, v in seen.items()}
+            cache = target.new_cache()
+            target.forward(ids, cache)
+            seen.clear()
+            target.forward(torch.tensor(tokens[:steps]), cache)
     finally:
         for h in handles:
             h.remove()
-        target.model.set_attn_implementation(before)
+    differing = {k: [p for p in range(steps) if not torch.equal(ar[k][p], seen[k][0][p])] for k in ar}
     order = [f"{i} {site}" for i in range(len(target.model.model.layers)) for site in sites]
     first = next((k for k in order if differing[k]), None)
     return {"first": first, "first_positions": differing[first] if first else [],
@@ -165,18 +175,13 @@ def first_differences(backend: str, attention: str, steps: int = 6) -> dict:
 
 
 def decode(backend: str, attention: str) -> dict:
-    target = load_backend(backend)
-    before = target.model.config._attn_implementation
-    target.model.set_attn_implementation(attention)
-    try:
-        same = {m: 0 for m in METHODS}
+    same = {m: 0 for m in METHODS}
+    with attention_of(load_backend(backend), attention) as target:
         for prompt in PROMPTS:
             ref = generate(target, prompt, None, max_new_tokens=64).tokens
             for m in METHODS:
                 same[m] += generate(target, prompt, make_proposer(m, target), budget=16, max_new_tokens=64).tokens == ref
-        return {"identical_to_ar": same, "prompts": len(PROMPTS)}
-    finally:
-        target.model.set_attn_implementation(before)
+    return {"identical_to_ar": same, "prompts": len(PROMPTS)}
 
 
 def main() -> None:
