@@ -14,7 +14,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-ATTENTION = ("sdpa", "eager")  # implementations that take the 4-D additive tree mask as it is
+from .invariant import EXACT
+
+ATTENTION = ("sdpa", "eager", EXACT)  # implementations that take the 4-D additive tree mask as it is
 
 
 @dataclass(frozen=True)

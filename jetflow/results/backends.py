@@ -37,7 +37,7 @@ from . import llamacpp
 from .llamacpp_verify import SIZES, ar_agreement, route_rows, verify_curve
 from .speed import llama_cpp_ar, llama_cpp_model
 
-AUTO_CANDIDATES = (8, 16, 32)
+AUTO_CANDIDATES = (3, 8, 16, 32)  # 3: four rows, one block of the int4 kernel (about 1.4 AR steps)
 COMPILED = "-compiled"  # a backend name's suffix: the compiled target (jetflow.engine.compiled)
 BANDWIDTH_MIB = (64, 1024)  # a copy that fits the last-level cache of big server CPUs, and one that does not
 
