@@ -153,7 +153,8 @@ def decode_once(args):
     check_head_dir(args.head, "--head")
     _check_cache_len(args)
     largest = max(budget.CANDIDATES) if args.budget == "auto" else int(args.budget)
-    dtype, quant, args.backend_why = pick_backend(args.model, args.dtype, args.quant, args.device)
+    dtype, quant, args.backend_why = pick_backend(args.model, args.dtype, args.quant, args.device,
+                                                   compile=args.compile)
     target = load_for_run(args.model, [args.prompt], max_new_tokens=args.max_new_tokens, budget=largest,
                           dtype=dtype, device=args.device, thinking=args.thinking, compile=args.compile,
                           cache_len=args.cache_len, quant=quant)
@@ -179,8 +180,8 @@ def cmd_generate(args) -> int:
         print(json.dumps(row))
     else:
         print(res.text)
-        print(f"\n[{args.method} budget={nodes} backend={row['backend']} ({args.backend_why}; --dtype float32: "
-              f"fp32)] {res.new_tokens} tokens, {len(res.rounds)} rounds, "
+        print(f"\n[{args.method} budget={nodes} backend={row['backend']} ({args.backend_why})] "
+              f"{res.new_tokens} tokens, {len(res.rounds)} rounds, "
               f"tau={res.tau:.2f} (tokens per round incl. bonus), {res.tokens_per_s:.1f} tok/s decode"
               + (f"; compile {res.compile_s:.1f} s before it (untimed)" if args.compile else ""), file=sys.stderr)
     return 0
@@ -196,8 +197,9 @@ def generate_flags(g) -> None:
     g.add_argument("--model", default=None, help="hub id or local dir (default: embedded SmolLM2)")
     g.add_argument("--head", default=None, help="draft head dir or hub id (default: shipped head)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="the target's dtype (default, without --quant: float32, whose output equals fp32 AR token for "
-                        "token; bfloat16 is faster where the CPU has it natively; with --quant: bf16 where native)")
+                   help="the target's dtype (default, without --quant: the embedded target in q4 where the CPU has "
+                        "bf16 natively, the fastest backend whose speculation equals its own AR; else float32, whose "
+                        "output equals fp32 AR token for token; with --quant: bf16 where native)")
     g.add_argument("--device", default=None, help=DEVICE_HELP)
     add_thinking_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object")

@@ -139,9 +139,8 @@ def test_embedded_q4_carries_the_files_blocks_exactly(smol):
 def test_embedded_quantized_speculation_equals_its_own_ar(kind):
     """On the embedded target quantized (bf16 activations, the fast backend), every decoding method's greedy
     output equals the same quantized target's AR on one GSM8K-style prompt, 16 tokens: every method's drafting
-    runs end to end on the packed linears. Not a proof of exactness: a verify's rows can round differently from
-    AR's (the attention is not row-invariant; docs/speed.md, tools/attention_invariance.py), which this prompt's
-    wide argmax margins do not show."""
+    runs end to end on the packed linears. Exact by construction, not by this prompt's margins: the target
+    attends with ``jetflow.engine.invariant``'s exact attention (tests/test_invariant.py checks the rows)."""
     from jetflow.drafting import methods as registry
     from jetflow.drafting.methods import make_proposer
     from jetflow.engine.load import load_target

@@ -22,12 +22,16 @@ def test_backend_names():
     assert backend_of(compile_target(_target(), CompileConfig(cache_len=32, query_sizes=(1,)))) == "fp32-compiled"
 
 
-def test_pick_backend_keeps_what_is_asked_and_defaults_to_exact_fp32(monkeypatch):
+def test_pick_backend_keeps_what_is_asked_and_defaults_to_the_fastest_lossless(monkeypatch):
+    """Native bf16: the embedded target in q4 (lossless against q4 AR by construction); a hub model or a GPU
+    in fp32; no native bf16: fp32 everywhere."""
     from jetflow.util import hardware
     assert pick_backend(None, "float32") == ("float32", None, "asked for")
     monkeypatch.setattr(hardware, "cpu_bf16_flags", lambda: ("avx512_bf16",))
-    assert pick_backend(None)[:2] == ("float32", None) and pick_backend("some/hub-model")[:2] == ("float32", None)
-    assert "--dtype bfloat16" in pick_backend(None)[2]
+    assert pick_backend(None)[:2] == ("bfloat16", "q4") and "--dtype float32" in pick_backend(None)[2]
+    assert pick_backend("smollm2-135m")[:2] == ("bfloat16", "q4")
+    assert pick_backend(None, compile=True)[:2] == ("float32", None)  # compiled q4 attends with SDPA: not exact
+    assert pick_backend("some/hub-model")[:2] == ("float32", None) and "--dtype bfloat16" in pick_backend("x/y")[2]
     assert pick_backend(None, quant="int8")[:2] == ("bfloat16", "int8")
     monkeypatch.setattr(hardware, "cpu_bf16_flags", lambda: ())
     assert pick_backend(None)[:2] == ("float32", None) and pick_backend(None, quant="q4")[:2] == ("float32", "q4")

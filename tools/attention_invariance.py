@@ -1,6 +1,6 @@
 """Why bf16 and q4 speculation is not always identical to the same backend's AR, measured (docs/speed.md).
 
-Run from the repository root, one thread, the machine otherwise quiet (about 10 minutes):
+Run from the repository root, one thread, the machine otherwise quiet (about 15 minutes):
 
     OMP_NUM_THREADS=1 python tools/attention_invariance.py > attention-invariance.json
 
@@ -8,30 +8,34 @@ A verify pass computes T rows at once where AR computes one; greedy speculation 
 the verify equals, bit for bit, the row AR computes for the same token. Three measurements, printed as one JSON
 object (with the CPU model and its bf16 support):
 
-  linears   each quantized or bf16 linear of layer 0 and the lm_head computing 2-33 rows at once against each row
-            alone: the row counts at which some row differs, with the largest difference (empty = row-invariant)
+  linears   every linear of the bf16 and q4 backends (lm_head included) computing 2-33 heavy-tailed rows at once
+            against each row alone (``jetflow.engine.invariant.row_invariant``): the row counts at which some row
+            differs, for the linears where any does (empty = every linear row-invariant)
   kernels   fp32 matmuls shaped like attention (9 heads, 17 queries or 1, keys 10-2,500): does one query's row equal
             its row in the 17-query call, for the scores (q @ k^T) and for the weights times values with the
             query's keys contiguous (AR) or scattered among masked tree slots (verify)? Counts of unequal cases
   layers    bf16 and q4, six AR steps against a 6-token chain verify of the same tokens: the first decoder layer and
             site (attention input after the norm, attention output, MLP middle, MLP output) where a position differs,
-            and per layer how many of the six positions' attention outputs differ, with SDPA and with fp32 attention
+            and per layer how many of the six positions' attention outputs differ, with SDPA, with fp32 attention
+            and with the kit's exact attention (``jetflow.engine.invariant``)
   decode    4 prompts x (ddtree, jetflow-pc, lookup, jetflow+lookup), 64 new tokens, budget 16: how many
-            speculative outputs equal the same backend's AR, with transformers' SDPA attention and with attention
+            speculative outputs equal the same backend's AR, with transformers' SDPA attention, with attention
             computed in fp32 (``fp32_attention`` below: scores, softmax and weighted values in fp32, the output
-            cast back)
+            cast back) and with exact attention
+  cost      q4, one verify of a 1-, 4-, 8- and 17-token chain after a prompt, median ms of 9, SDPA and exact
 
 What it found is in docs/speed.md: in a decode the rows part first in SDPA's bf16 attention; with attention in fp32
 (the cheap idea: differences shrink to fp32's last bits before the cast to bf16) they part a little later, in a bf16
 linear at a row count where it is not row-invariant, and the decode agrees no more often; the fp32 kernels are not
-row-invariant either (``kernels``). An exact reduced-precision route needs every reduction (the linears, attention,
-the norm) computed the same way for one row and for a tree's rows.
+row-invariant either (``kernels``). Exact attention (each row through the call an AR step makes) makes q4 equal at
+every site, because its packed linears compute each row alone; bf16's down projection does not.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -40,9 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jetflow.engine.target as target_module  # noqa: E402
 from jetflow.drafting.methods import make_proposer  # noqa: E402
+from jetflow.engine import invariant  # noqa: E402
 from jetflow.engine.decode import generate  # noqa: E402
 from jetflow.engine.load import load_backend  # noqa: E402
-from jetflow.engine.quant import QuantLinear  # noqa: E402
+from jetflow.engine.tree import Tree  # noqa: E402
+from jetflow.engine.verify import tree_attention_mask  # noqa: E402
 from jetflow.util import hardware  # noqa: E402
 
 PROMPTS = ("Natalia sold clips to 48 of her friends in April, and then half as many in May. How many in all?",
@@ -51,6 +57,7 @@ PROMPTS = ("Natalia sold clips to 48 of her friends in April, and then half as m
            "Write a Python function that returns the n-th Fibonacci number.")
 METHODS = ("ddtree", "jetflow-pc", "lookup", "jetflow+lookup")
 FP32_ATTENTION = "jetflow_fp32"
+ATTENTIONS = ("sdpa", FP32_ATTENTION, invariant.EXACT)
 ROW_COUNTS = (2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24, 32, 33)
 
 
@@ -101,17 +108,29 @@ def attention_of(target, name: str):
 
 
 def linears(backend: str) -> dict:
-    """Per linear of layer 0 and the lm_head: the row counts (2-33) at which some row of the call differs from
-    the same row computed alone, with the largest difference (empty: row-invariant at every count tried)."""
-    model = load_backend(backend).model
-    torch.manual_seed(0)
-    out = {}
-    for name, layer in model.named_modules():
-        if isinstance(layer, (QuantLinear, torch.nn.Linear)) and (name.startswith("model.layers.0.") or name == "lm_head"):
-            x = torch.randn(33, layer.in_features, dtype=model.dtype)
-            alone = torch.cat([layer(x[i:i + 1]) for i in range(33)])
-            out[name] = {rows: diff for rows in ROW_COUNTS
-                         if (diff := (layer(x[:rows]) - alone[:rows]).abs().max().item()) > 0}
+    """The linears of ``backend`` that are not row-invariant at some of 2-33 heavy-tailed rows, with those counts."""
+    return {name: rows for name, rows in invariant.row_invariant(load_backend(backend).model).items() if rows}
+
+
+def cost(backend: str, attention: str, sizes=(1, 4, 8, 17), reps: int = 9) -> dict:
+    """Median ms of one verify of an n-token chain after the first prompt (the prefill excluded), per n."""
+    with attention_of(load_backend(backend), attention) as target:
+        ids = target.encode(PROMPTS[0])
+        out = {}
+        for n in sizes:
+            chain = Tree.from_lists(list(range(100, 100 + n)), list(range(-1, n - 1)))
+            cache = target.new_cache()
+            target.forward(ids, cache)
+            past = cache.get_seq_length()
+            mask = tree_attention_mask(chain, past, target.dtype, target.device) if n > 1 else None
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                target.forward(chain.tokens, cache, positions=chain.depth + past, mask=mask)
+                times.append(time.perf_counter() - t0)
+                for layer in cache.layers:
+                    layer.keys, layer.values = layer.keys[..., :past, :], layer.values[..., :past, :]
+            out[n] = round(1000 * sorted(times)[reps // 2], 1)
     return out
 
 
@@ -186,14 +205,15 @@ def decode(backend: str, attention: str) -> dict:
 
 def main() -> None:
     register()
+    invariant.register()
     torch.set_num_threads(1)
     report = {"cpu": hardware.cpu_model(), "bf16_flags": list(hardware.cpu_bf16_flags()), "torch": torch.__version__,
               "linears": {b: linears(b) for b in ("bf16", "q4")}, "kernels": kernels(),
-              "layers": {f"{b} {a}": first_differences(b, a) for b in ("bf16", "q4") for a in ("sdpa", FP32_ATTENTION)},
-              "decode": {}}
+              "layers": {f"{b} {a}": first_differences(b, a) for b in ("bf16", "q4") for a in ATTENTIONS},
+              "cost": {a: cost("q4", a) for a in ("sdpa", invariant.EXACT)}, "decode": {}}
     print(json.dumps(report["layers"]), "<- layers", file=sys.stderr)
     for backend in ("bf16", "q4"):
-        for attention in ("sdpa", FP32_ATTENTION):
+        for attention in ATTENTIONS:
             report["decode"][f"{backend} {attention}"] = decode(backend, attention)
             print(json.dumps(report["decode"][f"{backend} {attention}"]), f"<- {backend} {attention}", file=sys.stderr)
     print(json.dumps(report, indent=1))

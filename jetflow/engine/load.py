@@ -136,17 +136,21 @@ def load_backend(name: str, *, compile: bool = False, cache_len: int | None = No
 
 
 def pick_backend(name: str | None = None, dtype: str | None = None, quant: str | None = None,
-                 device: str | None = None) -> tuple[str, str | None, str]:
+                 device: str | None = None, compile: bool = False) -> tuple[str, str | None, str]:
     """(dtype, quant, why) a command decodes ``name`` in: ``dtype`` and ``quant`` as asked where either is given
-    (``quant`` alone computes in bf16 where the device has it, else fp32); neither: fp32, the backend whose
-    speculative output measured identical to its own AR on every prompt (bf16 and the quantized backends are
-    faster where the CPU has bf16, but a many-token verify sums in another order than AR's one-token step, so
-    their output can flip at near-ties: docs/speed.md)."""
+    (``quant`` alone computes in bf16 where the device has it, else fp32). Neither: for the embedded target on a CPU
+    with native bf16, q4 (the GGUF's own Q4_1 blocks), the fastest backend whose speculation equals its own AR by
+    construction (exact attention, ``jetflow.engine.invariant``) in the committed cpu-backends run (docs/speed.md);
+    elsewhere fp32 (a hub model's q4 would be a requantization nobody measured; without native bf16 the packed
+    kernels run 10-40x slower; a ``compile``d q4 target attends with SDPA, not row-exact). ``--dtype float32`` is the flag for output equal to fp32 AR token for token."""
     if dtype is not None or quant is not None:
         return dtype or (hardware.fast_dtype(device or "cpu")[0] if quant else "float32"), quant, "asked for"
     fast, why = hardware.fast_dtype(device or "cpu")
     if fast == "float32":
         return "float32", None, f"exact, and the fastest here: {why}"
+    if name in (None, EMBEDDED) and torch.device(device or "cpu").type == "cpu" and not compile:
+        return "bfloat16", "q4", (f"q4: the file's own 4-bit weights, the fastest lossless backend here ({why}); "
+                                  "speculation equals q4 AR; --dtype float32 for fp32 AR's tokens")
     return "float32", None, (f"exact: equals fp32 AR token for token; bf16 is faster here ({why}) but may "
                              "differ from bf16 AR at near-ties: --dtype bfloat16")
 

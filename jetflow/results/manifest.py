@@ -118,10 +118,11 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # eager vs compiled vs llama.cpp (docs/compiled.md): its own settings (3 prompts, 64 tokens, 2 threads)
     Entry("cpu-compiled", ("speed",), "compiled", 1),
     # every backend beside llama.cpp on the same GGUF (docs/speed.md): unseen MATH-500 prompts, one process, 1 thread
-    # each (ggml's spinning barrier collapses at 2 threads on a shared 2-core machine), budget 16; llama.cpp's own
-    # verify curve; the machine's copy bandwidth
+    # each (ggml's spinning barrier collapses at 2 threads on a shared 2-core machine), the budget each backend's own
+    # verify-cost curve picks (int8/q4 verify with exact attention); llama.cpp's own verify curve; the machine's copy
+    # bandwidth
     Entry("cpu-backends", ("speed", "--backends", "fp32,bf16,int8,q4", "--dataset", "math500", "--skip", "100",
-                           "--limit", "4", "--max-new-tokens", "64", "--repeats", "1", "--threads", "1", "--budget", "16",
+                           "--limit", "4", "--max-new-tokens", "64", "--repeats", "1", "--threads", "1", "--budget", "auto",
                            "--methods", "jetflow-pc+lookup,jetflow+lookup"), "backends", 1),
     # the verify-cost curve per backend (fp32, bf16, int8, q4; eager and compiled), one 2-thread process, with the
     # auto budget each curve picks; evaluation.budget.auto_budget reads these rows on the same CPU (docs/compiled.md)
