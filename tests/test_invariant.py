@@ -16,14 +16,14 @@ from test_decode import stub_proposers
 VOCAB = 320  # the int4 packing wants output rows in multiples of 16
 
 
-def _tree(n: int, seed: int) -> Tree:
+def random_tree(n: int, seed: int) -> Tree:
     """A random tree of ``n`` nodes (parents first), tokens in the tiny vocabulary."""
     gen = torch.Generator().manual_seed(seed)
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
     return Tree.from_lists(torch.randint(3, VOCAB, (n,), generator=gen).tolist(), parents)
 
 
-def _path(tree: Tree, node: int) -> list[int]:
+def path_to(tree: Tree, node: int) -> list[int]:
     path = [node]
     while int(tree.parents[path[-1]]) >= 0:
         path.append(int(tree.parents[path[-1]]))
@@ -36,7 +36,7 @@ def test_exact_attention_agrees_with_sdpa(dtype):
     prefix; the prefill goes to SDPA itself."""
     torch.manual_seed(0)
     heads, kv_heads, dim, past, t = 6, 2, 16, 70, 9
-    tree = _tree(t, 1)
+    tree = random_tree(t, 1)
     mask = tree_attention_mask(tree, past, dtype, torch.device("cpu"))
     q = torch.randn(1, heads, t, dim, dtype=dtype)
     k, v = torch.randn(1, kv_heads, past + t, dim, dtype=dtype), torch.randn(1, kv_heads, past + t, dim, dtype=dtype)
@@ -53,6 +53,12 @@ def test_exact_attention_agrees_with_sdpa(dtype):
     with pytest.raises(ValueError, match="one sequence"):
         invariant.exact_attention(None, q.expand(2, -1, -1, -1), k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1),
                                   None)
+    batch = torch.randn(2, heads, t, dim, dtype=dtype), torch.randn(2, kv_heads, t, dim, dtype=dtype)
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, heads // kv_heads
+    got, _ = invariant.exact_attention(module, batch[0], batch[1], batch[1], None, scaling=dim ** -0.5)
+    want = F.scaled_dot_product_attention(batch[0], batch[1], batch[1], is_causal=True, enable_gqa=True)
+    assert torch.allclose(got.float(), want.transpose(1, 2).float(), atol=tol, rtol=tol)  # a batch without a cache
 
 
 @pytest.fixture(scope="module", params=["q4", "int8"])
@@ -69,7 +75,7 @@ def test_every_tree_row_equals_the_ar_step_at_its_node(exact_target, past):
     equal, bit for bit, to the AR step that reaches its node token by token along its path."""
     target = exact_target
     prompt = torch.randint(3, VOCAB, (past,), generator=torch.Generator().manual_seed(past))
-    tree = _tree(17, past)
+    tree = random_tree(17, past)
     cache = target.new_cache()
     target.forward(prompt, cache)
     mask = tree_attention_mask(tree, past, target.dtype, target.device)
@@ -77,7 +83,7 @@ def test_every_tree_row_equals_the_ar_step_at_its_node(exact_target, past):
     for node in range(len(tree)):
         cache = target.new_cache()
         target.forward(prompt, cache)
-        for token in tree.tokens[_path(tree, node)]:
+        for token in tree.tokens[path_to(tree, node)]:
             step = target.forward(token.reshape(1), cache).logits
         assert torch.equal(step[-1], rows[node]), node
 
@@ -97,25 +103,3 @@ def test_packed_linears_are_row_invariant_on_heavy_tailed_rows():
         model = quant.quantize_model(tiny_model("llama", VOCAB, layers=1).to(torch.bfloat16), kind)
         found = invariant.row_invariant(model)
         assert found and all(v == [] for v in found.values()), (kind, found)
-
-
-@pytest.mark.slow
-def test_embedded_q4_tree_rows_equal_its_ar_steps():
-    """On the embedded target in q4 (exact attention on by default): a 12-node tree verify's rows equal the AR
-    steps along their paths, at every node."""
-    from jetflow.engine.load import load_target
-    target = load_target(None, dtype="bfloat16", quant="q4")
-    assert target.model.config._attn_implementation == invariant.EXACT
-    prompt = target.encode("What is the sum of all positive divisors of 36?")
-    tree = _tree(12, 3)
-    cache = target.new_cache()
-    target.forward(prompt, cache)
-    past = cache.get_seq_length()
-    rows = target.forward(tree.tokens, cache, positions=tree.depth + past,
-                          mask=tree_attention_mask(tree, past, target.dtype, target.device)).logits
-    for node in (1, 5, 8, 11):
-        cache = target.new_cache()
-        target.forward(prompt, cache)
-        for token in tree.tokens[_path(tree, node)]:
-            step = target.forward(token.reshape(1), cache).logits
-        assert torch.equal(step[-1], rows[node]), node

@@ -1,64 +1,65 @@
-"""Row invariance: a verify's rows computed exactly as one-token AR steps compute them, in any dtype.
+"""Row invariance: a verify's rows computed exactly as one-token AR steps compute them.
 
 Greedy speculation equals AR only where every row of a verify pass equals, bit for bit, the row an AR step computes
 for the same token at the same position. fp32 rarely notices when it does not; in bf16 and the quantized backends the
 multi-row kernels round differently from the one-row ones often enough that a greedy pick flips within 64 tokens
-(docs/speed.md, "Where the rounding parts"). ``make_invariant(model)`` removes both causes by construction:
+(docs/speed.md, "Exact attention"). ``make_invariant(model)`` removes the attention's part by construction:
 
 - **attention** (``exact_attention``, registered with transformers as ``EXACT``): each query row after the prefix
   attends over its own keys only (the prefix and its ancestors, gathered in cache order, so the same keys at the
-  same offsets an AR step sees), zero-padded to a multiple of ``BUCKET`` keys. Rows are batched per padded length
-  (a tree rarely spans two), and the batched matmuls compute each batch element alone, so a row's output depends
-  on its own keys, never on the other rows. AR steps go through the same function with a batch of one. The prefill
-  attends with transformers' SDPA as usual: AR and speculation share it.
+  same offsets an AR step sees), padded with masked keys to a multiple of ``BUCKET``. Rows are batched per padded
+  length (a tree rarely spans two), and the batched matmuls compute each batch element alone, so a row's output
+  depends on its own keys, never on the other rows. AR steps go through the same function with a batch of one. The
+  prefill attends with transformers' SDPA as usual: AR and speculation share it.
 - **linears** are the backend's: the packed int8 and int4 kernels (``jetflow.engine.quant``) compute each row
   alone, at any row count; ``row_invariant`` checks a model's linears on heavy-tailed rows.
 
-The norms, rotary embedding, activations and residual adds are elementwise or per-row reductions and stay equal
-(``tests/test_invariant.py`` checks every decoder site of the embedded q4 model). The cost is the gathered keys,
-measured in docs/speed.md.
+The norms, rotary embedding, activations and residual adds are elementwise or per-row reductions and stay equal:
+``tools/attention_invariance.py`` finds no decoder site of the embedded q4 model where a chain verify differs from
+the AR steps, and ``tests/test_invariant.py`` checks every row of random trees against the AR steps along its path.
+The cost is the gathered keys, measured in docs/speed.md.
 """
 from __future__ import annotations
 
 import torch
 
 EXACT = "jetflow_exact"
-BUCKET = 64   # keys per padding step: a row's keys are zero-padded to a multiple of this
+BUCKET = 64   # keys per padding step: a row's keys are padded (masked) to a multiple of this
 
 
-def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, valid: torch.Tensor,
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, masked: torch.Tensor,
             scaling: float) -> torch.Tensor:
-    """(n, H, D): ``n`` single queries (n, H, D), each over its own padded fp32 keys/values (KVH, n, L, D) with
-    ``valid`` (n, L) marking the real ones; fp32 scores, softmax and weighted sum, the output in the query's dtype.
+    """(n, H, D): ``n`` single queries (n, H, D), each over its own padded fp32 keys/values (KVH, n, L, D), with
+    ``masked`` (n, L) marking the padding; fp32 scores, softmax and weighted sum, the output in the query's dtype.
     The matmuls' batch is (KVH, n): each batch element is one query's heads of one KV head, computed alone."""
     n, heads, dim = query.shape
     kv_heads = key.shape[0]
-    q = query.reshape(n, kv_heads, heads // kv_heads, dim).transpose(0, 1).float()        # (KVH, n, G, D)
-    scores = torch.matmul(q, key.transpose(-1, -2)) * scaling                              # (KVH, n, G, L)
-    scores = scores.masked_fill(~valid[None, :, None, :], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, -1), value)                                   # (KVH, n, G, D)
+    q = (query.float() * scaling).reshape(n, kv_heads, heads // kv_heads, dim).transpose(0, 1)  # (KVH, n, G, D)
+    scores = torch.matmul(q, key.transpose(-1, -2)).masked_fill_(masked[None, :, None, :], float("-inf"))
+    out = torch.matmul(torch.softmax(scores, -1), value)                                        # (KVH, n, G, D)
     return out.transpose(0, 1).reshape(n, heads, dim).to(query.dtype)
 
 
 class _Plan:
     """Which keys each query row reads, grouped by padded length: worked out once per forward (every layer
-    shares the mask) and kept beside the mask it came from."""
+    shares the mask) and kept beside the mask it came from. A group: its rows (None: all of them), each row's
+    key indices in cache order padded with index 0 (n, size), and where the padding is (n, size)."""
 
     def __init__(self, visible: torch.Tensor):
         t, length = visible.shape
         device = visible.device
         counts = visible.sum(-1)
         padded = (counts + BUCKET - 1) // BUCKET * BUCKET
-        # each row's keys in cache order, then the index ``length`` (a zero row) up to its padded length
+        width = max(int(padded.max()), length)
+        # each row's keys in cache order, then index 0 (any real row: its score is masked) up to ``width``
         order = torch.where(visible, torch.arange(length, device=device), length).sort(-1).values
-        self.whole = t == 1 and int(counts[0]) == length  # an AR step: its keys are the cache as it is
+        order = torch.cat([order.masked_fill_(order == length, 0), order.new_zeros(t, width - length)], 1)
+        sizes = padded.unique().tolist()
         self.groups = []
-        for size in padded.unique().tolist():
+        for size in sizes:
             rows = (padded == size).nonzero().flatten()
-            idx = order[rows, :size] if size <= length else torch.cat(
-                [order[rows], order.new_full((len(rows), size - length), length)], 1)
-            valid = torch.arange(size, device=device)[None, :] < counts[rows, None]
-            self.groups.append((rows, idx, valid))
+            masked = torch.arange(size, device=device)[None, :] >= counts[rows, None]
+            self.groups.append((None if len(sizes) == 1 else rows, order[rows, :size].contiguous(), masked))
 
 
 _last: tuple = (None, None)  # (the mask a plan was made for, the plan): holding the mask keeps its identity unique
@@ -86,30 +87,25 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     keys the queries' own; ``attention_mask`` additive or boolean (1, 1, T, >= L), or None (causal). Returns the
     (1, T, H, D) output and no weights."""
     batch, heads, t, dim = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    if batch != 1:
-        raise ValueError(f"exact attention serves one sequence at a time, got a batch of {batch}")
+    length = key.shape[2]
     scaling = scaling if scaling is not None else dim ** -0.5
     if (length == t and t > 1) or torch.compiler.is_compiling():
-        # the prefill: shared by AR and speculation, so any kernel is exact here; a compiled target (whose traced
-        # graphs cannot gather per row) attends with SDPA and is not row-exact
+        # a prefill (or a batch of sequences without a cache, as training reads taps): shared by AR and speculation,
+        # so any kernel is exact here; a compiled target (whose traced graphs cannot gather per row) attends with
+        # SDPA and is not row-exact
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    if batch != 1:
+        raise ValueError(f"exact attention serves one sequence at a time after a prefill, got a batch of {batch}")
     plan = _plan(attention_mask, t, length, query.device)
+    keys, values, queries = key[0].float(), value[0].float(), query[0].transpose(0, 1)  # queries (T, H, D)
+    (rows, idx, masked), *more = plan.groups
+    if not more:
+        return _attend(queries, keys[:, idx], values[:, idx], masked, scaling)[None], None
     out = query.new_empty(1, t, heads, dim)
-    if plan.whole:
-        rows, idx, valid = plan.groups[0]
-        pad = idx.shape[1] - length
-        k = torch.cat([key[0].float(), key.new_zeros(kv_heads, pad, dim, dtype=torch.float32)], 1)[:, None]
-        v = torch.cat([value[0].float(), value.new_zeros(kv_heads, pad, dim, dtype=torch.float32)], 1)[:, None]
-        out[0] = _attend(query[0].transpose(0, 1), k, v, valid, scaling)
-        return out, None
-    k_ext = torch.cat([key[0], key.new_zeros(kv_heads, 1, dim)], 1).float()
-    v_ext = torch.cat([value[0], value.new_zeros(kv_heads, 1, dim)], 1).float()
-    for rows, idx, valid in plan.groups:
-        k, v = k_ext[:, idx], v_ext[:, idx]  # (KVH, n, L, D), contiguous
-        out[0, rows] = _attend(query[0][:, rows].transpose(0, 1), k, v, valid, scaling)
+    for rows, idx, masked in plan.groups:
+        out[0, rows] = _attend(queries[rows], keys[:, idx], values[:, idx], masked, scaling)
     return out, None
 
 
