@@ -7,8 +7,8 @@ import torch
 
 from fakes import random_profile
 
-from jetflow.drafting.builders import (accum_logp, best_prefix, calibrated_prefix, chain, profile_caps,
-                                       profile_prefix, top2gap)
+from jetflow.drafting.builders import (BUILDERS, accum_logp, best_prefix, calibrated_prefix, chain, profile_caps,
+                                       profile_prefix, top2gap, tree_builder)
 
 
 def ref_accum_logp(logp, budget, width):
@@ -207,3 +207,15 @@ def test_profile_caps_and_prefix_match_brute_force(seed, budget):
 def test_profile_builders_need_a_profile(builder):
     with pytest.raises(ValueError, match="needs an acceptance profile"):
         builder(random_logp(3, 5, 0), 4, root=0)
+
+
+@pytest.mark.parametrize("name", ["chain", "accum_logp", "best_prefix", "top2gap"])
+def test_depths_past_the_budget_never_shape_a_tree(name):
+    """A tree of ``budget`` drafts reaches no deeper than ``budget``: built from the first ``budget`` depths of the
+    head's log-probs it is the tree built from all of them (``HeadProposer.propose`` scores only those)."""
+    build = tree_builder(name, **({"width": 3} if "width" in BUILDERS[name].options else {}))
+    for seed in range(3):
+        logp = random_logp(8, 12, seed)
+        for budget in (1, 2, 3, 5):
+            whole, first = build(logp, budget, 0), build(logp[:budget], budget, 0)
+            assert torch.equal(whole.tokens, first.tokens) and torch.equal(whole.parents, first.parents), budget

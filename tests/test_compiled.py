@@ -157,7 +157,9 @@ def test_compiled_draft_pass_equals_the_eager_one(compiled, head_proposers, n_ct
     assert got.shape == want.shape == (eager.head.config.block_size - 1, compiled.config.vocab_size)
     torch.testing.assert_close(got_hidden, hidden, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert twin.logp(twin.depth_hidden(eager.start(None), [401], taps[-1:])) is twin._last[1]  # the graph's own
+    hidden = twin.depth_hidden(eager.start(None), [401], taps[-1:])
+    assert twin.logp(hidden) is twin._last[1]  # the graph's own
+    assert twin.logp(hidden[:2]).data_ptr() == twin._last[1].data_ptr()  # a small budget's depths: its first rows
     assert torch.equal(got.argmax(-1), want.argmax(-1))
     assert set(twin.draft.compile_s) == {64}
 

@@ -202,7 +202,7 @@ class HeadProposer:
         return path_table(self.correction, hidden, lp, ids, self.out[col], self.embed)
 
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
-        hidden = self.depth_hidden(state, tokens, new_taps)
+        hidden = self.depth_hidden(state, tokens, new_taps)[:budget]  # budget drafts reach no deeper than budget
         logp = self.logp(hidden)
         paths = self.paths(hidden, logp, budget=budget) if "paths" in BUILDERS[self.builder].options else None
         build = tree_builder(self.builder, width=self.width, profile=self.profile, paths=paths,
