@@ -76,11 +76,18 @@ def test_every_tree_row_equals_the_ar_step_at_its_node(exact_target, past):
     target = exact_target
     prompt = torch.randint(3, VOCAB, (past,), generator=torch.Generator().manual_seed(past))
     tree = random_tree(17, past)
+    assert_rows_are_ar_steps(target, prompt, tree, range(len(tree)))
+
+
+def assert_rows_are_ar_steps(target, prompt: torch.Tensor, tree: Tree, nodes) -> None:
+    """One verify of ``tree`` after ``prompt``: each of ``nodes`` has logits equal, bit for bit, to the AR step that
+    reaches it token by token along its path."""
     cache = target.new_cache()
     target.forward(prompt, cache)
-    mask = tree_attention_mask(tree, past, target.dtype, target.device)
-    rows = target.forward(tree.tokens, cache, positions=tree.depth + past, mask=mask).logits
-    for node in range(len(tree)):
+    past = cache.get_seq_length()
+    rows = target.forward(tree.tokens, cache, positions=tree.depth + past,
+                          mask=tree_attention_mask(tree, past, target.dtype, target.device)).logits
+    for node in nodes:
         cache = target.new_cache()
         target.forward(prompt, cache)
         for token in tree.tokens[path_to(tree, node)]:

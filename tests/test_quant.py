@@ -158,20 +158,8 @@ def test_embedded_q4_tree_rows_equal_its_ar_steps():
     steps along their paths (tests/test_invariant.py does it at every node on tiny targets)."""
     from jetflow.engine import invariant
     from jetflow.engine.load import load_target
-    from jetflow.engine.verify import tree_attention_mask
-    from test_invariant import path_to, random_tree
+    from test_invariant import assert_rows_are_ar_steps, random_tree
     target = load_target(None, dtype="bfloat16", quant="q4")  # the same load as the test above, in this worker
     assert target.model.config._attn_implementation == invariant.EXACT
     prompt = target.encode("What is the sum of all positive divisors of 36?")
-    tree = random_tree(12, 3)
-    cache = target.new_cache()
-    target.forward(prompt, cache)
-    past = cache.get_seq_length()
-    rows = target.forward(tree.tokens, cache, positions=tree.depth + past,
-                          mask=tree_attention_mask(tree, past, target.dtype, target.device)).logits
-    for node in (1, 5, 8, 11):
-        cache = target.new_cache()
-        target.forward(prompt, cache)
-        for token in tree.tokens[path_to(tree, node)]:
-            step = target.forward(token.reshape(1), cache).logits
-        assert torch.equal(step[-1], rows[node]), node
+    assert_rows_are_ar_steps(target, prompt, random_tree(12, 3), (1, 5, 8, 11))

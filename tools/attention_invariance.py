@@ -84,13 +84,9 @@ def fp32_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.
 
 
 def register() -> str:
-    """Make ``FP32_ATTENTION`` known to transformers and to the kit's check of what takes a tree mask
-    (idempotent); its mask is the eager path's, always materialized (never skipped in favour of an ``is_causal``
-    flag this function would not see)."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import eager_mask
-    AttentionInterface.register(FP32_ATTENTION, fp32_attention)
-    AttentionMaskInterface.register(FP32_ATTENTION, eager_mask)
+    """Make ``FP32_ATTENTION`` known to transformers (``invariant.register``) and to the kit's check of what takes a
+    tree mask (idempotent)."""
+    invariant.register(FP32_ATTENTION, fp32_attention)
     if FP32_ATTENTION not in target_module.ATTENTION:
         target_module.ATTENTION = target_module.ATTENTION + (FP32_ATTENTION,)
     return FP32_ATTENTION

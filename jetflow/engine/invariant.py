@@ -42,8 +42,7 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, masked:
 
 class _Plan:
     """Which keys each query row reads, grouped by padded length: worked out once per forward (every layer
-    shares the mask) and kept beside the mask it came from. A group: its rows (None: all of them), each row's
-    key indices in cache order padded with index 0 (n, size), and where the padding is (n, size)."""
+    shares the mask) and kept beside the mask it came from. A group: its rows, each row's key indices in cache order padded with index 0 (n, size), and where the padding is (n, size)."""
 
     def __init__(self, visible: torch.Tensor):
         t, length = visible.shape
@@ -54,12 +53,11 @@ class _Plan:
         # each row's keys in cache order, then index 0 (any real row: its score is masked) up to ``width``
         order = torch.where(visible, torch.arange(length, device=device), length).sort(-1).values
         order = torch.cat([order.masked_fill_(order == length, 0), order.new_zeros(t, width - length)], 1)
-        sizes = padded.unique().tolist()
         self.groups = []
-        for size in sizes:
+        for size in padded.unique().tolist():
             rows = (padded == size).nonzero().flatten()
             masked = torch.arange(size, device=device)[None, :] >= counts[rows, None]
-            self.groups.append((None if len(sizes) == 1 else rows, order[rows, :size].contiguous(), masked))
+            self.groups.append((rows, order[rows, :size].contiguous(), masked))
 
 
 _last: tuple = (None, None)  # (the mask a plan was made for, the plan): holding the mask keeps its identity unique
@@ -100,8 +98,8 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
         raise ValueError(f"exact attention serves one sequence at a time after a prefill, got a batch of {batch}")
     plan = _plan(attention_mask, t, length, query.device)
     keys, values, queries = key[0].float(), value[0].float(), query[0].transpose(0, 1)  # queries (T, H, D)
-    (rows, idx, masked), *more = plan.groups
-    if not more:
+    if len(plan.groups) == 1:  # every row in one padded length (AR, most trees): no scatter
+        _, idx, masked = plan.groups[0]
         return _attend(queries, keys[:, idx], values[:, idx], masked, scaling)[None], None
     out = query.new_empty(1, t, heads, dim)
     for rows, idx, masked in plan.groups:
@@ -109,14 +107,15 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     return out, None
 
 
-def register() -> str:
-    """Make ``EXACT`` known to transformers (idempotent); its mask is the eager path's, always materialized, so
-    ``exact_attention`` sees which keys each row may read."""
+def register(name: str = EXACT, attention=exact_attention) -> str:
+    """Make the attention function ``attention`` known to transformers as ``name`` (idempotent; default: this
+    module's exact attention); its mask is the eager path's, always materialized, so the function sees which keys
+    each row may read."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import eager_mask
-    AttentionInterface.register(EXACT, exact_attention)
-    AttentionMaskInterface.register(EXACT, eager_mask)
-    return EXACT
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, eager_mask)
+    return name
 
 
 @torch.no_grad()
