@@ -149,8 +149,10 @@ def _curve_rows(target, path, seconds, **change):
 
 
 @pytest.mark.parametrize("change", [{"backend": "bf16"}, {"model": "other"}, {"cpu": "another CPU"},
-                                    {"threads": 99}, {"backend": "fp32-compiled"}])
+                                    {"threads": 99}, {"backend": "fp32-compiled"}, {"forward": "LeanTarget"}])
 def test_saved_cost_reads_the_curve_of_this_backend_model_cpu_and_threads(target, tmp_path, change):
+    """The row of this target's key is read, never another's; a row without "forward" (saved before it was a key)
+    is transformers' forward, this target's."""
     path = _curve_rows(target, tmp_path / "rows.json", {1: 1.0, 3: 1.5}, **change)
     assert budget.saved_cost(target, [tmp_path / "missing.json", path]) == {1: 1.0, 3: 1.5}
     only_other = _curve_rows(target, tmp_path / "other.json", {1: 1.0}, **change)

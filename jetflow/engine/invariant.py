@@ -27,7 +27,7 @@ EXACT = "jetflow_exact"
 BUCKET = 64   # keys per padding step: a row's keys are padded (masked) to a multiple of this
 
 
-def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, masked: torch.Tensor,
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, masked: torch.Tensor,
             scaling: float) -> torch.Tensor:
     """(n, H, D): ``n`` single queries (n, H, D), each over its own padded fp32 keys/values (KVH, n, L, D), with
     ``masked`` (n, L) marking the padding; fp32 scores, softmax and weighted sum, the output in the query's dtype.
@@ -40,7 +40,7 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, masked:
     return out.transpose(0, 1).reshape(n, heads, dim).to(query.dtype)
 
 
-class _Plan:
+class Plan:
     """Which keys each query row reads, grouped by padded length: worked out once per forward (every layer
     shares the mask) and kept beside the mask it came from. A group: its rows, each row's key indices in cache order padded with index 0 (n, size), and where the padding is (n, size)."""
 
@@ -63,7 +63,7 @@ class _Plan:
 _last: tuple = (None, None)  # (the mask a plan was made for, the plan): holding the mask keeps its identity unique
 
 
-def _plan(attention_mask: torch.Tensor | None, t: int, length: int, device) -> _Plan:
+def _plan(attention_mask: torch.Tensor | None, t: int, length: int, device) -> Plan:
     global _last
     if attention_mask is not None and _last[0] is attention_mask:
         return _last[1]
@@ -72,7 +72,7 @@ def _plan(attention_mask: torch.Tensor | None, t: int, length: int, device) -> _
     else:
         mask = attention_mask[0, 0, :, :length]
         visible = mask if mask.dtype == torch.bool else mask == 0
-    plan = _Plan(visible)
+    plan = Plan(visible)
     if attention_mask is not None:
         _last = (attention_mask, plan)
     return plan
@@ -100,10 +100,10 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     keys, values, queries = key[0].float(), value[0].float(), query[0].transpose(0, 1)  # queries (T, H, D)
     if len(plan.groups) == 1:  # every row in one padded length (AR, most trees): no scatter
         _, idx, masked = plan.groups[0]
-        return _attend(queries, keys[:, idx], values[:, idx], masked, scaling)[None], None
+        return attend(queries, keys[:, idx], values[:, idx], masked, scaling)[None], None
     out = query.new_empty(1, t, heads, dim)
     for rows, idx, masked in plan.groups:
-        out[0, rows] = _attend(queries[rows], keys[:, idx], values[:, idx], masked, scaling)
+        out[0, rows] = attend(queries[rows], keys[:, idx], values[:, idx], masked, scaling)
     return out, None
 
 

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .compiled import CompileConfig, CompiledTarget, compile_target, run_cache_len
 from .invariant import make_invariant
+from .lean import lean_target, unsupported as lean_unsupported
 from .quant import QUANTS, QuantLinear, quantize_model
 from .target import Target, check_supported
 from jetflow.util import hardware
@@ -80,6 +81,8 @@ def load_eager(name: str | None, dtype: str, device: str | None, quant: str | No
         quantize_model(model, quant, extra.get("gguf_file") and Path(src) / extra["gguf_file"])
         if model.device.type == "cpu":  # packed kernels compute each row alone: exact attention makes verify == AR
             make_invariant(model)
+            if lean_unsupported(model) is None:  # the quantized backends decode through the lean forward
+                return lean_target(Target(model=model, tokenizer=tok, name=label))
     return Target(model=model, tokenizer=tok, name=label)
 
 

@@ -30,6 +30,7 @@ import torch
 
 QUANTS = ("int8", "q4")  # the quantized backends; None = the float weights
 GROUP = 32               # inputs per 4-bit group (a GGUF block)
+PACK_ROWS = 64           # output rows per block of the CPU int4 packing (``fuse`` concatenates whole blocks)
 QUANT_HELP = ("weight-only quantized linears, lm_head included: int8 (per channel) or q4 (the GGUF's own Q4_1 "
               "blocks; docs/compiled.md); default none")
 
@@ -69,6 +70,15 @@ class QuantLinear(torch.nn.Module):
         if self.bias is not None:
             out = out + self.bias
         return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def kernel(self):
+        """The bare call: (T, K) rows in this layer's dtype -> (T, N), no reshapes or casts (a hot loop's linear)."""
+        if self.repeat != 1 or self.bias is not None:
+            return self
+        if self.kind == "int8":
+            return functools.partial(torch.ops.aten._weight_int8pack_mm, mat2=self.weight_packed, scales=self.scales)
+        return functools.partial(torch.ops.aten._weight_int4pack_mm_for_cpu, mat2=self.weight_packed,
+                                 qGroupSize=GROUP, qScaleAndZeros=self.scales)
 
     def extra_repr(self) -> str:
         return f"{self.kind}, in={self.in_features}, out={self.out_features}, dtype={self.dtype}"
@@ -122,6 +132,34 @@ def from_q8_0(q: torch.Tensor, d: torch.Tensor, **kw) -> QuantLinear:
     lo, hi = q & 15, (q >> 4) + 8  # arithmetic shift: hi in -8..7
     codes = torch.cat([hi, lo], 1)
     return q4_linear(codes, torch.cat([16 * d, d], 1), torch.cat([torch.zeros_like(d), 8 * d], 1), q.shape[1], **kw)
+
+
+def fuse(layers) -> torch.nn.Module:
+    """One linear computing ``layers`` (same input) side by side: its output is theirs concatenated, one kernel call
+    instead of several. Packed layers keep their packing (the int4 codes are packed per block of output rows, so
+    layers concatenate in whole blocks of ``PACK_ROWS``); float ``nn.Linear`` layers get their weights concatenated."""
+    layers = list(layers)
+    first = layers[0]
+    if len({(type(l), l.in_features, getattr(l, "kind", None), getattr(l, "repeat", 1)) for l in layers}) != 1:
+        raise ValueError("fuse takes linears of one kind over the same input")
+    if len({l.bias is None for l in layers}) != 1:
+        raise ValueError("fuse takes linears that all have a bias or none")
+    bias = None if first.bias is None else torch.cat([l.bias for l in layers]).detach()
+    if isinstance(first, torch.nn.Linear):
+        out = torch.nn.Linear(first.in_features, sum(l.out_features for l in layers), bias=bias is not None,
+                              dtype=first.weight.dtype, device=first.weight.device)
+        out.weight.data = torch.cat([l.weight.detach() for l in layers])
+        if bias is not None:
+            out.bias.data = bias
+        return out.requires_grad_(False)
+    if not isinstance(first, QuantLinear):
+        raise ValueError(f"fuse takes nn.Linear or QuantLinear layers, got {type(first).__name__}")
+    if first.kind == "q4" and any(l.out_features % PACK_ROWS for l in layers[:-1]):
+        raise ValueError(f"q4 layers fuse where every one but the last has a multiple of {PACK_ROWS} output rows "
+                         f"(the kernel packs rows in blocks of {PACK_ROWS}), got {[l.out_features for l in layers]}")
+    scales = torch.cat([l.scales for l in layers], 0 if first.kind == "int8" else 1)
+    return QuantLinear(first.kind, torch.cat([l.weight_packed for l in layers]), scales,
+                       sum(l.out_features for l in layers), first.in_features, bias, repeat=first.repeat)
 
 
 def dequantize(layer: QuantLinear) -> torch.Tensor:

@@ -154,19 +154,26 @@ def curve_files() -> tuple[Path, ...]:
     return cache_dir() / "verify-curve" / "rows.json", REPO / "data" / "results" / CURVE_ENTRY / "rows.json"
 
 
+def forward_of(target: Target) -> str:
+    """Which forward a target's verify runs through, part of a saved curve's key: "Target" (transformers'),
+    "LeanTarget" (``jetflow.engine.lean``) or "CompiledTarget"; curves saved before the key existed are "Target"."""
+    return type(target).__name__
+
+
 def saved_cost(target: Target, files: Sequence[Path] | None = None) -> dict[int, float] | None:
     """{k: seconds} of a saved verify-cost curve (``python -m jetflow verify-curve``) of this target's backend
-    (``backend_of``: dtype, quantization, compiled or not) and model, on this CPU model at this torch thread
-    count; None when no saved curve matches (then ``auto_budget`` measures)."""
+    (``backend_of``: dtype, quantization, compiled or not), forward (``forward_of``) and model, on this CPU model at
+    this torch thread count; None when no saved curve matches (then ``auto_budget`` measures)."""
     want = {"model": target.name, "backend": backend_of(target), "cpu": hardware.cpu_model(),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "forward": forward_of(target)}
     for path in curve_files() if files is None else files:
         try:
             rows = json.loads(Path(path).read_text())
         except (OSError, ValueError):
             continue
         for row in rows if isinstance(rows, list) else ():
-            if row.get("kind") == "curve" and all(row.get(k) == v for k, v in want.items()):
+            if row.get("kind") == "curve" and all(row.get(k, "Target" if k == "forward" else None) == v
+                                                  for k, v in want.items()):
                 return {int(k): float(v) for k, v in row["seconds"].items()}
     return None
 

@@ -25,7 +25,7 @@ import torch
 
 from jetflow.data.prompts import load_prompts
 from jetflow.engine.load import BACKENDS, backend_of, load_backend
-from jetflow.evaluation.budget import calibrate, curve_files, pick_budget, random_tree, time_verify_step
+from jetflow.evaluation.budget import calibrate, curve_files, forward_of, pick_budget, random_tree, time_verify_step
 from jetflow.evaluation.rows import write_rows
 from jetflow.util import hardware
 from jetflow.util.flags import comma_list, option
@@ -128,7 +128,8 @@ def measure(cfg: VerifyCurveConfig) -> list[dict]:
     rows = [setup]
     for key, target in targets.items():
         s = seconds[key]
-        rows.append({"kind": "curve", "backend": key, "model": target.name, "threads": cfg.threads, **cpu,
+        rows.append({"kind": "curve", "backend": key, "model": target.name, "forward": forward_of(target),
+                     "threads": cfg.threads, **cpu,
                      "past_len": cfg.past_len, "repeats": cfg.repeats,
                      "seconds": {str(k): v for k, v in sorted(s.items())},
                      "ar_steps": {str(k): v / s[1] for k, v in sorted(s.items())},

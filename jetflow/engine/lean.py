@@ -1,0 +1,226 @@
+"""A Llama decoder's forward written out over the target's own modules: the CPU decode path of the quantized backends.
+
+    target = load_target(None, dtype="bfloat16", quant="q4")   # a LeanTarget: load_eager builds it for int8/q4
+    lean_target(target)                                          # any eager Target of a Llama model
+
+Why it exists: on the embedded q4 target one AR step through transformers' module stack costs about 26 ms on one
+core of the machines this kit is measured on, of which the packed 4-bit kernels are about 10 ms; the rest is module
+calls, wrappers, output capture and some 4,000 small tensor ops per token (docs/speed.md, "The lean forward"). This
+file calls the same modules' weights with ~30 ops per layer: q/k/v and gate/up each one fused kernel call
+(``jetflow.engine.quant.fuse``), keys and values written once, in fp32, into a preallocated cache (``LeanKV``), and
+attention through ``jetflow.engine.invariant.attend``, the exact attention, so a verify's rows equal the AR steps' bit
+for bit as on the transformers path. It breaks the house rule of talking to the target only through transformers
+(docs/architecture.md says why): tests/test_lean.py holds it to transformers' forward on tiny models and the embedded
+one, and to its own AR steps bit for bit.
+
+What it serves: Llama-architecture models (``unsupported`` says why another is refused), batch one, eager. The prefill
+attends with SDPA (AR and speculation share it). ``sequence_taps`` and training keep transformers' path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .invariant import BUCKET, Plan, attend
+from .quant import fuse
+from .target import Step, Target
+
+ROWS = 256  # the cache's first capacity; it doubles as a sequence grows
+
+
+def unsupported(model: torch.nn.Module) -> str | None:
+    """Why the lean forward cannot run ``model`` (None if it can): it knows the Llama decoder layer alone."""
+    config = model.config
+    if getattr(config, "model_type", None) != "llama":
+        return f"model type {getattr(config, 'model_type', None)!r} (the lean forward knows 'llama')"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} (the lean forward computes silu)"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1"
+    return None
+
+
+class LeanKV:
+    """The lean target's cache: keys and values (layers, KVH, rows, D) in fp32 (what exact attention reads), the live
+    length, and ``keep_path`` compaction as ``target.keep_path`` does it on a dynamic cache."""
+
+    def __init__(self, layers: int, kv_heads: int, dim: int, device, rows: int = ROWS):
+        self.keys = torch.zeros(layers, kv_heads, rows, dim, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.length = 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows in all (grown by doubling; the live rows copied)."""
+        have = self.keys.shape[2]
+        if rows <= have:
+            return
+        size = max(rows, 2 * have)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(*old.shape[:2], size, old.shape[3])
+            new[:, :, :self.length] = old[:, :, :self.length]
+            setattr(self, name, new)
+
+    def keep_path(self, past_len: int, path: list[int]) -> None:
+        """Keep the first ``past_len`` rows plus the tree rows ``path`` (after the prefix, in order)."""
+        n = len(path)
+        if path != list(range(n)):
+            idx = torch.tensor(path, device=self.keys.device) + past_len
+            self.keys[:, :, past_len:past_len + n] = self.keys.index_select(2, idx)
+            self.values[:, :, past_len:past_len + n] = self.values.index_select(2, idx)
+        self.length = past_len + n
+
+
+def _norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """Llama's RMS norm, in its own order of operations: fp32 statistics, the weight applied in the input's dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(x.dtype)
+
+
+def _rotary(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin (T, D) as the two factors of ``x * cos + roll(x, D / 2) * sin`` over (T, heads, D): the rotary
+    embedding with rotate_half's negation moved onto sin's first half (a sign flip, exact)."""
+    half = sin.shape[-1] // 2
+    return cos[:, None], torch.cat([-sin[:, :half], sin[:, half:]], -1)[:, None]
+
+
+@dataclass
+class _Layer:
+    qkv: object         # (T, H) -> (T, (heads + 2 KVH) D): q, k and v in one kernel call
+    o: object
+    gate_up: object     # gate and up in one call
+    down: object
+    norms: tuple[torch.nn.Module, torch.nn.Module]
+
+
+def _kernel(linear: torch.nn.Module):
+    """The bare (T, K) -> (T, N) call of a linear: a packed layer's kernel, or the float layer itself."""
+    return linear.kernel() if hasattr(linear, "kernel") else linear
+
+
+def _fused(linears) -> object:
+    """One call computing ``linears`` side by side: fused (``quant.fuse``) where their packing allows, else each
+    called in turn and the outputs concatenated (tiny test models whose rows are not whole packing blocks)."""
+    try:
+        return _kernel(fuse(linears))
+    except ValueError:
+        kernels = [_kernel(l) for l in linears]
+        return lambda x: torch.cat([k(x) for k in kernels], -1)
+
+
+class LeanDecoder:
+    """The fused layers of one model (built once per model and shared by its targets)."""
+
+    def __init__(self, model: torch.nn.Module):
+        why = unsupported(model)
+        if why is not None:
+            raise ValueError(f"the lean forward cannot run {type(model).__name__}: {why}")
+        config, inner = model.config, model.get_decoder()
+        self.model, self.embed, self.final_norm, self.rotary = model, inner.embed_tokens, inner.norm, inner.rotary_emb
+        self.lm_head = model.get_output_embeddings()
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.layers = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append(_Layer(_fused((attn.q_proj, attn.k_proj, attn.v_proj)), _kernel(attn.o_proj),
+                                      _fused((mlp.gate_proj, mlp.up_proj)), _kernel(mlp.down_proj),
+                                      (layer.input_layernorm, layer.post_attention_layernorm)))
+        self.scaling = self.dim ** -0.5
+
+    def new_cache(self) -> LeanKV:
+        return LeanKV(len(self.layers), self.kv_heads, self.dim, self.embed.weight.device)
+
+    def _attention(self, q, k, v, cache: LeanKV, index: int, plan: Plan | None, contiguous: bool) -> torch.Tensor:
+        """q (T, H, D), k/v (T, KVH, D) of layer ``index``, written at the cache's rows past..past+T -> (T, H, D)."""
+        past, t = cache.length, q.shape[0]
+        keys, values = cache.keys[index], cache.values[index]         # (KVH, rows, D)
+        keys[:, past:past + t] = k.transpose(0, 1)
+        values[:, past:past + t] = v.transpose(0, 1)
+        if plan is None:  # the prefill: causal, any kernel (AR and speculation share it)
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                 v.transpose(0, 1)[None], is_causal=True, scale=self.scaling,
+                                                 enable_gqa=True)
+            return out[0].transpose(0, 1)
+        if len(plan.groups) == 1:
+            _, idx, masked = plan.groups[0]
+            if contiguous:  # the same keys as the gather below, in the same shape, without the copy
+                size = idx.shape[1]
+                return attend(q, keys[:, None, :size], values[:, None, :size], masked, self.scaling)
+            return attend(q, keys[:, idx], values[:, idx], masked, self.scaling)
+        out = torch.empty_like(q)
+        for rows, idx, masked in plan.groups:
+            out[rows] = attend(q[rows], keys[:, idx], values[:, idx], masked, self.scaling)
+        return out
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, cache: LeanKV, positions: torch.Tensor, mask: torch.Tensor | None,
+                taps: tuple[int, ...], last_only: bool) -> Step:
+        """ids, positions (T,); ``mask`` additive or boolean (1, 1, T, past + T) or None (causal) -> logits (T, V)
+        or (1, V) fp32 and the taps (T, L, H), as ``Target.forward``."""
+        past, t = cache.length, ids.numel()
+        heads, kv, dim = self.heads, self.kv_heads, self.dim
+        cache.reserve(-(-(past + t) // BUCKET) * BUCKET)
+        h = self.embed(ids)                                                     # (T, H)
+        cos, sin = _rotary(*(x[0] for x in self.rotary(h, positions[None])))   # (T, 1, D)
+        plan = None
+        if past or mask is not None or t == 1:
+            visible = (torch.arange(past + t)[None, :] <= torch.arange(past, past + t)[:, None] if mask is None
+                       else mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0)
+            plan = Plan(visible)
+        contiguous = mask is None and t == 1  # an AR step: its keys are the cache's first rows, read in place
+        kept = {}
+        for index, layer in enumerate(self.layers):
+            qkv = layer.qkv(_norm(h, layer.norms[0])).view(t, heads + 2 * kv, dim)
+            qk = qkv[:, :heads + kv]
+            qk = qk * cos + qk.roll(dim // 2, -1) * sin                        # (T, heads + KVH, D)
+            a = self._attention(qk[:, :heads], qk[:, heads:], qkv[:, heads + kv:], cache, index, plan, contiguous)
+            h = h + layer.o(a.reshape(t, heads * dim))
+            gate, up = layer.gate_up(_norm(h, layer.norms[1])).chunk(2, -1)
+            h = h + layer.down(F.silu(gate) * up)
+            if index in taps:
+                kept[index] = h
+        cache.length = past + t
+        if len(self.layers) - 1 in taps:  # transformers reports the last layer's output after the final norm
+            kept[len(self.layers) - 1] = h = _norm(h, self.final_norm)
+            h = h[-1:] if last_only else h
+        else:
+            h = _norm(h[-1:] if last_only else h, self.final_norm)
+        tapped = torch.stack([kept[l] for l in taps], 1) if taps else None
+        return Step(self.lm_head(h).float(), tapped)
+
+
+@dataclass
+class LeanTarget(Target):
+    """A ``Target`` whose forwards run ``LeanDecoder`` over a ``LeanKV`` cache (see the module docstring)."""
+    decoder: LeanDecoder | None = field(default=None, repr=False)
+
+    def new_cache(self) -> LeanKV:
+        return self.decoder.new_cache()
+
+    def forward(self, ids: torch.Tensor, cache: LeanKV, *, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, taps: tuple[int, ...] = (), last_only: bool = False) -> Step:
+        """As ``Target.forward``; ``cache`` must come from this target's ``new_cache()``."""
+        if not isinstance(cache, LeanKV):
+            raise ValueError("a lean target runs on its own cache: use target.new_cache()")
+        past = cache.get_seq_length()
+        if positions is None:
+            positions = torch.arange(past, past + ids.numel())
+        return self.decoder.forward(ids.to(self.device), cache, positions.to(self.device), mask, tuple(taps),
+                                    last_only)
+
+
+def lean_target(target: Target) -> LeanTarget:
+    """``target`` decoding through the lean forward (same model and weights; raises where ``unsupported``)."""
+    if isinstance(target, LeanTarget):
+        return target
+    if type(target) is not Target:
+        raise ValueError(f"the lean forward wraps an eager Target, got {type(target).__name__}")
+    return LeanTarget(target.model, target.tokenizer, target.name, dict(target.chat_kwargs),
+                      decoder=LeanDecoder(target.model))
