@@ -112,6 +112,20 @@ def test_training_pass_matches_decoding(causal):
 
 
 @pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("depth", [1, 3, N - 1, N + 4])
+def test_draft_block_to_a_depth_is_the_whole_blocks_first_rows(causal, depth):
+    """``draft_block(depth=k)``: the first k depth states of the whole block's pass; a causal head gets them from the
+    block's first k + 1 slots alone (equal up to rounding), a bidirectional head from the whole block."""
+    head = tiny_head(causal)
+    state = head.extend(None, torch.randn(5, 2, H))
+    embed = torch.randn(V, H)
+    whole = head.draft_block(state, 7, embed)
+    cut = head.draft_block(state, 7, embed, depth)
+    assert whole.shape == (N - 1, H) and cut.shape == (min(depth, N - 1), H)
+    torch.testing.assert_close(cut, whole[:depth], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
 def test_later_slot_changes_earlier_slots_only_when_bidirectional(causal):
     head = tiny_head(causal)
     state = head.extend(None, torch.randn(4, 2, H))

@@ -126,7 +126,9 @@ class CompiledPass:
         """``CompiledDraft.warmup`` of this twin's draft pass: the context buckets from ``shortest`` to ``up_to`` rows."""
         return self.draft.warmup(self.embed, up_to, shortest)
 
-    def depth_hidden(self, state, tokens, new_taps) -> torch.Tensor:
+    def depth_hidden(self, state, tokens, new_taps, depth: int | None = None) -> torch.Tensor:
+        """As ``HeadProposer.depth_hidden``; the graph always runs the whole block (one shape), so ``depth`` cuts
+        nothing here."""
         state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))
         self._last = self.draft(state.head, tokens[-1], self.embed)
         return self._last[0]

@@ -306,10 +306,20 @@ class DraftHead(nn.Module):
         return hidden.view(a, q, -1)[:, 1:]
 
     @torch.no_grad()
-    def draft_block(self, state: HeadState, anchor_token: int, embed_weight: torch.Tensor) -> torch.Tensor:
-        """Decoding: the block at the next anchor over the cached context -> (D, H)."""
+    def draft_block(self, state: HeadState, anchor_token: int, embed_weight: torch.Tensor,
+                    depth: int | None = None) -> torch.Tensor:
+        """Decoding: the block at the next anchor over the cached context -> (D, H). ``depth``: only depths
+        1..depth are wanted -> (min(depth, D), H); a causal head then runs only the block's first depth + 1 slots
+        (a slot sees none after it, so the states are those of the whole block's pass up to rounding)."""
         x = self.block_inputs(torch.tensor([anchor_token]), embed_weight)
-        return self.blocks(x, torch.tensor([state.n_ctx]), state.kv, state.n_ctx)[0]
+        q = self.config.block_size
+        if depth is None or depth + 1 >= q or not self.config.causal:
+            hidden = self.blocks(x, torch.tensor([state.n_ctx]), state.kv, state.n_ctx)[0]
+            return hidden if depth is None else hidden[:depth]
+        q = depth + 1
+        anchors = torch.tensor([state.n_ctx], device=self.fc.weight.device)
+        mask = training_mask(anchors, state.n_ctx, q, True)[None]                      # (1, q, n_ctx + q)
+        return self(x[:, :q].to(anchors.device, self.dtype), block_positions(anchors, q)[None], state.kv, mask)[0, 1:]
 
     def sequence_blocks(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor, blockwise: bool = False
                         ) -> torch.Tensor:

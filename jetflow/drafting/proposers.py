@@ -180,10 +180,11 @@ class HeadProposer:
         token ``head.vocab[i]`` (token i when the head drafts the whole vocabulary, K = V)."""
         return self.logp(self.depth_hidden(state, tokens, new_taps))
 
-    def depth_hidden(self, state: HeadDraftState, tokens, new_taps) -> torch.Tensor:
-        """(D, H) the head's final states for depths 1..D (head dtype), after feeding the new taps."""
+    def depth_hidden(self, state: HeadDraftState, tokens, new_taps, depth: int | None = None) -> torch.Tensor:
+        """(D, H) the head's final states for depths 1..D (head dtype), after feeding the new taps; ``depth``: at
+        least depths 1..depth (a causal head drafts only those: ``DraftHead.draft_block``)."""
         state.head = self.head.extend(state.head, new_taps.to(self.head.dtype))
-        return self.head.draft_block(state.head, tokens[-1], self.embed)
+        return self.head.draft_block(state.head, tokens[-1], self.embed, depth)
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final head states (..., H) -> fp32 log-probs over the draft vocabulary (..., K)."""
@@ -202,7 +203,7 @@ class HeadProposer:
         return path_table(self.correction, hidden, lp, ids, self.out[col], self.embed)
 
     def propose(self, state: HeadDraftState, tokens, new_taps, budget) -> Tree:
-        hidden = self.depth_hidden(state, tokens, new_taps)[:budget]  # budget drafts reach no deeper than budget
+        hidden = self.depth_hidden(state, tokens, new_taps, budget)[:budget]  # budget drafts reach no deeper
         logp = self.logp(hidden)
         paths = self.paths(hidden, logp, budget=budget) if "paths" in BUILDERS[self.builder].options else None
         build = tree_builder(self.builder, width=self.width, profile=self.profile, paths=paths,
