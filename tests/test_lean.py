@@ -122,3 +122,19 @@ def test_q4_fuses_whole_packing_blocks_only():
     layers = [quant.quant_layer("q4", "", torch.nn.Linear(64, n, bias=False), {}, torch.bfloat16) for n in (32, 32)]
     with pytest.raises(ValueError, match="multiple of 64"):
         quant.fuse(layers)
+
+
+def test_the_tools_comparison_runs_on_a_tiny_target():
+    """tools/lean_forward.py (docs/speed.md quotes it): both forwards give the same logits on a tiny q4 target, and
+    the kernel share it reports is a share."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("lean_forward", Path(__file__).resolve().parents[1] / "tools" /
+                                                  "lean_forward.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    hf, lt = pair("q4")
+    ids = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(1))
+    assert tool.same_logits(hf, lt, ids)
+    assert 0 < tool.kernel_share(lt, ids, steps=2) <= 1
+    assert tool.verify_ms(lt, ids, 4) > 0 and set(tool.lm_head_ms(lt, rows=(1, 2), repeats=1)) == {1, 2}

@@ -122,7 +122,7 @@ class LeanDecoder:
         if why is not None:
             raise ValueError(f"the lean forward cannot run {type(model).__name__}: {why}")
         config, inner = model.config, model.get_decoder()
-        self.model, self.embed, self.final_norm, self.rotary = model, inner.embed_tokens, inner.norm, inner.rotary_emb
+        self.embed, self.final_norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
         self.lm_head = model.get_output_embeddings()
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -171,8 +171,9 @@ class LeanDecoder:
         cos, sin = _rotary(*(x[0] for x in self.rotary(h, positions[None])))   # (T, 1, D)
         plan = None
         if past or mask is not None or t == 1:
-            visible = (torch.arange(past + t)[None, :] <= torch.arange(past, past + t)[:, None] if mask is None
-                       else mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0)
+            rows = torch.arange(past + t, device=ids.device)
+            visible = (rows[None, :] <= rows[past:, None] if mask is None
+                       else mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0)      # (T, past + T)
             plan = Plan(visible)
         contiguous = mask is None and t == 1  # an AR step: its keys are the cache's first rows, read in place
         kept = {}
