@@ -59,11 +59,12 @@ compiled: $(STAMP)
 	$(PY) -m jetflow results cpu-compiled
 
 # Every backend (fp32, bf16, int8, q4) beside llama.cpp's AR and prompt lookup on the same GGUF, unseen MATH-500
-# prompts, llama.cpp's verify curve and the machine's copy bandwidth (docs/speed.md): one 1-thread process, the bench extra
+# prompts, llama.cpp's verify curve and the machine's copy bandwidth (docs/speed.md): one 1-thread process, then q4
+# at 2 threads each; the bench extra
 .PHONY: backends
 backends: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) -m jetflow results cpu-backends
+	$(PY) -m jetflow results cpu-backends cpu-backends-2t
 
 # The verify-cost curve per backend (fp32, bf16, int8, q4; eager and compiled) and the auto budget each picks
 # (docs/compiled.md): one 2-thread process; auto_budget reads the rows on the same CPU
