@@ -161,5 +161,6 @@ def test_embedded_q4_tree_rows_equal_its_ar_steps():
     from test_invariant import assert_rows_are_ar_steps, random_tree
     target = load_target(None, dtype="bfloat16", quant="q4")  # the same load as the test above, in this worker
     assert target.model.config._attn_implementation == invariant.EXACT
+    assert type(target).__name__ == "LeanTarget"  # a CPU's q4 decodes through the lean forward (engine/lean.py)
     prompt = target.encode("What is the sum of all positive divisors of 36?")
     assert_rows_are_ar_steps(target, prompt, random_tree(12, 3), (1, 5, 8, 11))
