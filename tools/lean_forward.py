@@ -3,7 +3,7 @@
 
     OMP_NUM_THREADS=1 python tools/lean_forward.py [--backends q4,int8] [--json OUT]
 
-Per backend: the median milliseconds of a verify of 1, 2, 4, 8 and 17 chain tokens after a ~60-token prompt on both
+Per backend: the median milliseconds of a verify of 1, 2, 4, 8 and 17 chain tokens after a one-sentence chat prompt on both
 forwards (the two interleave, so a shared machine's load hits them alike), whether the two give the same logits bit
 for bit, and the share of the lean one-token step spent inside the packed kernels (torch's profiler); and the packed
 lm_head's own cost at 1-16 rows. Record the CPU: the output names it and its bf16 support.
