@@ -292,11 +292,12 @@ class DraftHead(nn.Module):
     def blocks(self, x: torch.Tensor, anchors: torch.Tensor, ctx_kv, n_ctx: int, blockwise: bool = False
                ) -> torch.Tensor:
         """x (A, Q, H) block rows of the blocks anchored at positions anchors (A,), over the per-layer
-        context K/V of ``n_ctx`` rows -> final states (A, D, H) of slots 1..D (head dtype). The A blocks
+        context K/V of ``n_ctx`` rows -> final states (A, Q-1, H) of slots 1..Q-1 (head dtype; Q is x's, the
+        block size or, for a causal head drafting fewer depths, the block's first slots). The A blocks
         run as one packed row of A*Q queries under ``training_mask`` (one fused attention kernel, memory
         linear in A*Q: the decoding and replay path), or with ``blockwise`` as A rows of Q queries under
         ``blockwise_mask`` (attention work A*Q*(n_ctx+Q) instead of A*Q*(n_ctx+A*Q): training on CPU)."""
-        a, q, device = anchors.numel(), self.config.block_size, self.fc.weight.device
+        a, q, device = anchors.numel(), x.shape[1], self.fc.weight.device
         anchors = anchors.to(device)
         if blockwise:
             mask = blockwise_mask(anchors, n_ctx, q, self.config.causal)
@@ -312,14 +313,10 @@ class DraftHead(nn.Module):
         1..depth are wanted -> (min(depth, D), H); a causal head then runs only the block's first depth + 1 slots
         (a slot sees none after it, so the states are those of the whole block's pass up to rounding)."""
         x = self.block_inputs(torch.tensor([anchor_token]), embed_weight)
-        q = self.config.block_size
-        if depth is None or depth + 1 >= q or not self.config.causal:
-            hidden = self.blocks(x, torch.tensor([state.n_ctx]), state.kv, state.n_ctx)[0]
-            return hidden if depth is None else hidden[:depth]
-        q = depth + 1
-        anchors = torch.tensor([state.n_ctx], device=self.fc.weight.device)
-        mask = training_mask(anchors, state.n_ctx, q, True)[None]                      # (1, q, n_ctx + q)
-        return self(x[:, :q].to(anchors.device, self.dtype), block_positions(anchors, q)[None], state.kv, mask)[0, 1:]
+        if depth is not None and self.config.causal:
+            x = x[:, :depth + 1]
+        hidden = self.blocks(x, torch.tensor([state.n_ctx]), state.kv, state.n_ctx)[0]
+        return hidden if depth is None else hidden[:depth]
 
     def sequence_blocks(self, taps: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor, blockwise: bool = False
                         ) -> torch.Tensor:

@@ -39,7 +39,7 @@ import torch
 from transformers import StaticCache
 
 from jetflow.util.paths import cache_dir
-from .target import Step, Target, cache_argument
+from .target import Step, Target, cache_argument, move_rows
 
 QUERY_SIZES = (1, 9, 17, 33, 65, 129, 257)  # AR, then budget + 1 for budgets 8, 16, 32, ...
 CACHE_MULTIPLE = 256  # a run-sized static cache is rounded up to a multiple of this many rows
@@ -184,10 +184,9 @@ class StaticKV:
         self.engine.check(self)
         n = len(path)
         if path != list(range(n)):
-            idx = torch.tensor(path, device=self.engine.device) + past_len
             for layer in self.engine.cache.layers:
-                layer.keys[..., past_len:past_len + n, :] = layer.keys.index_select(-2, idx)
-                layer.values[..., past_len:past_len + n, :] = layer.values.index_select(-2, idx)
+                move_rows(layer.keys, past_len, path)
+                move_rows(layer.values, past_len, path)
         self.length = past_len + n
 
 

@@ -60,6 +60,16 @@ class Plan:
             self.groups.append((rows, order[rows, :size].contiguous(), masked))
 
 
+def visible_keys(attention_mask: torch.Tensor | None, t: int, length: int, device) -> torch.Tensor:
+    """(T, length) bool: which of the first ``length`` cache rows each of the last ``t`` query rows may read, from an
+    additive or boolean (1, 1, T, >= length) mask, or causal where there is none."""
+    if attention_mask is None:
+        rows = torch.arange(length, device=device)
+        return rows[None, :] <= rows[length - t:, None]
+    mask = attention_mask[0, 0, :, :length]
+    return mask if mask.dtype == torch.bool else mask == 0
+
+
 _last: tuple = (None, None)  # (the mask a plan was made for, the plan): holding the mask keeps its identity unique
 
 
@@ -67,12 +77,7 @@ def _plan(attention_mask: torch.Tensor | None, t: int, length: int, device) -> P
     global _last
     if attention_mask is not None and _last[0] is attention_mask:
         return _last[1]
-    if attention_mask is None:
-        visible = torch.arange(length, device=device)[None, :] <= torch.arange(length - t, length, device=device)[:, None]
-    else:
-        mask = attention_mask[0, 0, :, :length]
-        visible = mask if mask.dtype == torch.bool else mask == 0
-    plan = Plan(visible)
+    plan = Plan(visible_keys(attention_mask, t, length, device))
     if attention_mask is not None:
         _last = (attention_mask, plan)
     return plan

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .invariant import BUCKET, Plan, attend
+from .invariant import BUCKET, Plan, attend, visible_keys
 from .quant import fuse
-from .target import Step, Target
+from .target import Step, Target, move_rows
 
 ROWS = 256  # the cache's first capacity; it doubles as a sequence grows
 
@@ -68,12 +68,10 @@ class LeanKV:
 
     def keep_path(self, past_len: int, path: list[int]) -> None:
         """Keep the first ``past_len`` rows plus the tree rows ``path`` (after the prefix, in order)."""
-        n = len(path)
-        if path != list(range(n)):
-            idx = torch.tensor(path, device=self.keys.device) + past_len
-            self.keys[:, :, past_len:past_len + n] = self.keys.index_select(2, idx)
-            self.values[:, :, past_len:past_len + n] = self.values.index_select(2, idx)
-        self.length = past_len + n
+        if path != list(range(len(path))):
+            move_rows(self.keys, past_len, path)
+            move_rows(self.values, past_len, path)
+        self.length = past_len + len(path)
 
 
 def _norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
@@ -171,10 +169,7 @@ class LeanDecoder:
         cos, sin = _rotary(*(x[0] for x in self.rotary(h, positions[None])))   # (T, 1, D)
         plan = None
         if past or mask is not None or t == 1:
-            rows = torch.arange(past + t, device=ids.device)
-            visible = (rows[None, :] <= rows[past:, None] if mask is None
-                       else mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0)      # (T, past + T)
-            plan = Plan(visible)
+            plan = Plan(visible_keys(mask, t, past + t, ids.device))
         contiguous = mask is None and t == 1  # an AR step: its keys are the cache's first rows, read in place
         kept = {}
         for index, layer in enumerate(self.layers):

@@ -81,9 +81,10 @@ def load_eager(name: str | None, dtype: str, device: str | None, quant: str | No
         quantize_model(model, quant, extra.get("gguf_file") and Path(src) / extra["gguf_file"])
         if model.device.type == "cpu":  # packed kernels compute each row alone: exact attention makes verify == AR
             make_invariant(model)
-            if lean_unsupported(model) is None:  # the quantized backends decode through the lean forward
-                return lean_target(Target(model=model, tokenizer=tok, name=label))
-    return Target(model=model, tokenizer=tok, name=label)
+    target = Target(model=model, tokenizer=tok, name=label)
+    if quant is not None and model.device.type == "cpu" and lean_unsupported(model) is None:
+        return lean_target(target)  # the quantized backends decode through the lean forward on a CPU
+    return target
 
 
 @functools.lru_cache(maxsize=4)

@@ -153,6 +153,13 @@ def cache_argument(model_class) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
+def move_rows(rows: torch.Tensor, past_len: int, path: list[int]) -> None:
+    """Move the tree rows ``path`` (after the first ``past_len`` rows, along dim -2 of (..., rows, D)) to follow the
+    prefix in order, in place: what every cache's ``keep_path`` does to its keys and values."""
+    idx = torch.tensor(path, device=rows.device) + past_len
+    rows[..., past_len:past_len + len(path), :] = rows.index_select(-2, idx)
+
+
 def keep_path(cache: DynamicCache, past_len: int, path: list[int]) -> None:
     """Keep the first ``past_len`` rows plus the tree rows ``path`` (indices after the prefix, in order).
 
@@ -165,9 +172,8 @@ def keep_path(cache: DynamicCache, past_len: int, path: list[int]) -> None:
     moved = path != list(range(n))
     for layer in cache.layers:
         if moved:
-            idx = torch.tensor(path, device=layer.keys.device) + past_len
-            layer.keys[..., past_len:past_len + n, :] = layer.keys.index_select(-2, idx)
-            layer.values[..., past_len:past_len + n, :] = layer.values.index_select(-2, idx)
+            move_rows(layer.keys, past_len, path)
+            move_rows(layer.values, past_len, path)
         layer.keys, layer.values = layer.keys[..., :past_len + n, :], layer.values[..., :past_len + n, :]
 
 
