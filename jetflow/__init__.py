@@ -23,7 +23,9 @@ Entry points
   renders with thinking off unless ``thinking=True`` (``chat_kwargs_for``). ``quant="int8"|"q4"`` on a CPU:
   weight-only packed linears (``jetflow.engine.quant``; q4 = the GGUF's own blocks) and, for a Llama model, a
   ``jetflow.engine.lean.LeanTarget`` (the decoder layer written out, exact attention: speculation equals that
-  backend's AR bit for bit; docs/speed.md).
+  backend's AR bit for bit; docs/speed.md); with ``compile=True`` too, a
+  ``jetflow.engine.lean_compiled.CompiledLeanTarget`` (that forward as one compiled graph for every step, its own
+  backend "q4-compiled": speculation equals its AR; docs/compiled.md).
   ``Target.forward(ids (T,), cache, positions=(T,), mask=(1,1,T,past+T), taps=(l, ...))``
   -> ``Step(logits (T, V), taps (T, L, H))``; ``Target.encode(prompt) -> (T,)`` via the chat template.
 - ``Tree`` (tokens, parents, depth, score: each (N+1,), root first) and ``ancestor_mask(parents) -> (N+1, N+1)``

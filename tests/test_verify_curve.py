@@ -30,7 +30,7 @@ def test_pick_backend_keeps_what_is_asked_and_defaults_to_the_fastest_lossless(m
     monkeypatch.setattr(hardware, "cpu_bf16_flags", lambda: ("avx512_bf16",))
     assert pick_backend(None)[:2] == ("bfloat16", "q4") and "--dtype float32" in pick_backend(None)[2]
     assert pick_backend("smollm2-135m")[:2] == ("bfloat16", "q4")
-    assert pick_backend(None, compile=True)[:2] == ("float32", None)  # compiled q4 attends with SDPA: not exact
+    assert pick_backend(None, compile=True)[:2] == ("bfloat16", "q4")  # compiled: the lean forward, row-exact
     assert pick_backend("some/hub-model")[:2] == ("float32", None) and "--dtype bfloat16" in pick_backend("x/y")[2]
     assert pick_backend(None, quant="int8")[:2] == ("bfloat16", "int8")
     monkeypatch.setattr(hardware, "cpu_bf16_flags", lambda: ())

@@ -1,12 +1,14 @@
 """Where a quantized target's decode step goes, through transformers' forward and through the lean forward
 (jetflow.engine.lean), in one process: docs/speed.md, "The lean forward", quotes this tool's output.
 
-    OMP_NUM_THREADS=1 python tools/lean_forward.py [--backends q4,int8] [--json OUT]
+    OMP_NUM_THREADS=1 python tools/lean_forward.py [--backends q4,int8] [--compiled] [--json OUT]
 
 Per backend: the median milliseconds of a verify of 1, 2, 4, 8 and 17 chain tokens after a one-sentence chat prompt on both
 forwards (the two interleave, so a shared machine's load hits them alike), whether the two give the same logits bit
 for bit, and the share of the lean one-token step spent inside the packed kernels (torch's profiler); and the packed
-lm_head's own cost at 1-16 rows. Record the CPU: the output names it and its bf16 support.
+lm_head's own cost at 1-16 rows. ``--compiled`` adds the compiled lean forward (jetflow.engine.lean_compiled) as a
+third column, its graph's compile (or cache-load) seconds apart. Record the CPU: the output names it and its bf16
+support.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import time
 
 import torch
 
+from jetflow.engine.lean_compiled import compile_lean
 from jetflow.engine.load import load_backend
 from jetflow.engine.target import Target, keep_path
 from jetflow.util import hardware
@@ -81,6 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="q4,int8")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--compiled", action="store_true", help="time the compiled lean forward too")
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
     report = {"cpu": hardware.cpu_model(), "bf16_flags": list(hardware.cpu_bf16_flags()),
@@ -90,10 +94,14 @@ def main() -> None:
             lean = load_backend(name)
             plain = Target(lean.model, lean.tokenizer, lean.name)  # the same model through transformers' forward
             ids = lean.encode(PROMPT)
-            times = {key: {n: [] for n in SIZES} for key in ("transformers", "lean")}
+            forwards = {"transformers": plain, "lean": lean}
+            if args.compiled:
+                forwards["lean-compiled"] = compile_lean(lean)
+                compile_s = forwards["lean-compiled"].warm()[0]["seconds"]
+            times = {key: {n: [] for n in SIZES} for key in forwards}
             for _ in range(args.repeats):
                 for n in SIZES:
-                    for key, target in (("transformers", plain), ("lean", lean)):
+                    for key, target in forwards.items():
                         times[key][n].append(verify_ms(target, ids, n))
             med = {key: {n: round(statistics.median(v), 2) for n, v in per.items()} for key, per in times.items()}
             report["backends"][name] = {
@@ -103,6 +111,9 @@ def main() -> None:
                 "kernel_share_lean_step": round(kernel_share(lean, ids), 3),
                 "kernel_share_transformers_step": round(kernel_share(plain, ids), 3),
                 "lm_head_ms": {n: round(v, 2) for n, v in lm_head_ms(lean).items()}}
+            if args.compiled:
+                report["backends"][name].update({"compile_s": round(compile_s, 1),
+                                                 "compiled_speedup_1": round(med["lean"][1] / med["lean-compiled"][1], 2)})
             print(json.dumps({name: report["backends"][name]}), flush=True)
     if args.json:
         with open(args.json, "w") as f:

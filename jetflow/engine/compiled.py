@@ -117,7 +117,11 @@ def use_disk_cache() -> str:
     docs/compiled.md). Returns the folder."""
     import torch._functorch.config
     import torch._inductor.config
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    # inductor writes its own default (under /tmp) into the variable the first time anything asks for its folder
+    # (loading a quantized target does), so that value counts as unset
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
     torch._inductor.config.fx_graph_cache = True
     torch._functorch.config.enable_autograd_cache = True
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]

@@ -18,6 +18,7 @@ attends with SDPA (AR and speculation share it). ``sequence_taps`` and training 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -135,53 +136,66 @@ class LeanDecoder:
     def new_cache(self) -> LeanKV:
         return LeanKV(len(self.layers), self.kv_heads, self.dim, self.embed.weight.device)
 
-    def _attention(self, q, k, v, cache: LeanKV, index: int, plan: Plan | None, contiguous: bool) -> torch.Tensor:
-        """q (T, H, D), k/v (T, KVH, D) of layer ``index``, written at the cache's rows past..past+T -> (T, H, D)."""
-        past, t = cache.length, q.shape[0]
-        keys, values = cache.keys[index], cache.values[index]         # (KVH, rows, D)
+    def _attention(self, q, k, v, keys, values, past: int, groups, contiguous: bool) -> torch.Tensor:
+        """q (T, H, D), k/v (T, KVH, D) of one layer, written at rows past..past+T of its cache ``keys``/``values``
+        (KVH, rows, D); ``groups`` the ``Plan``'s, or None for the causal prefill -> (T, H, D)."""
+        t = q.shape[0]
         keys[:, past:past + t] = k.transpose(0, 1)
         values[:, past:past + t] = v.transpose(0, 1)
-        if plan is None:  # the prefill: causal, any kernel (AR and speculation share it)
+        if groups is None:  # the prefill: causal, any kernel (AR and speculation share it)
             out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                  v.transpose(0, 1)[None], is_causal=True, scale=self.scaling,
                                                  enable_gqa=True)
             return out[0].transpose(0, 1)
-        if len(plan.groups) == 1:
-            _, idx, masked = plan.groups[0]
+        if len(groups) == 1:
+            _, idx, masked = groups[0]
             if contiguous:  # the same keys as the gather below, in the same shape, without the copy
                 size = idx.shape[1]
                 return attend(q, keys[:, None, :size], values[:, None, :size], masked, self.scaling)
             return attend(q, keys[:, idx], values[:, idx], masked, self.scaling)
         out = torch.empty_like(q)
-        for rows, idx, masked in plan.groups:
+        for rows, idx, masked in groups:
             out[rows] = attend(q[rows], keys[:, idx], values[:, idx], masked, self.scaling)
         return out
 
-    @torch.no_grad()
-    def forward(self, ids: torch.Tensor, cache: LeanKV, positions: torch.Tensor, mask: torch.Tensor | None,
-                taps: tuple[int, ...], last_only: bool) -> Step:
-        """ids, positions (T,); ``mask`` additive or boolean (1, 1, T, past + T) or None (causal) -> logits (T, V)
-        or (1, V) fp32 and the taps (T, L, H), as ``Target.forward``."""
-        past, t = cache.length, ids.numel()
+    def layers_pass(self, h, cos, sin, keys, values, attention):
+        """The decoder layers over ``h`` (T, H) with rotary factors ``cos``/``sin``; ``attention(q, k, v, keys[i],
+        values[i])`` attends one layer's rows and writes their keys and values into that layer's cache ->
+        (the last layer's output, every layer's output). It reads nothing else that changes between calls, so
+        ``jetflow.engine.lean_compiled`` hands it to torch.compile as it is, with an attention of its own."""
+        t = h.shape[0]
         heads, kv, dim = self.heads, self.kv_heads, self.dim
-        cache.reserve(-(-(past + t) // BUCKET) * BUCKET)
-        h = self.embed(ids)                                                     # (T, H)
-        cos, sin = _rotary(*(x[0] for x in self.rotary(h, positions[None])))   # (T, 1, D)
-        plan = None
-        if past or mask is not None or t == 1:
-            plan = Plan(visible_keys(mask, t, past + t, ids.device))
-        contiguous = mask is None and t == 1  # an AR step: its keys are the cache's first rows, read in place
-        kept = {}
+        hidden = []
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv(_norm(h, layer.norms[0])).view(t, heads + 2 * kv, dim)
             qk = qkv[:, :heads + kv]
-            qk = qk * cos + qk.roll(dim // 2, -1) * sin                        # (T, heads + KVH, D)
-            a = self._attention(qk[:, :heads], qk[:, heads:], qkv[:, heads + kv:], cache, index, plan, contiguous)
+            half = dim // 2  # roll by half the head: the halves swapped (cat: no numel check on unbacked rows)
+            qk = qk * cos + torch.cat([qk[..., half:], qk[..., :half]], -1) * sin  # (T, heads + KVH, D)
+            a = attention(qk[:, :heads], qk[:, heads:], qkv[:, heads + kv:], keys[index], values[index])
             h = h + layer.o(a.reshape(t, heads * dim))
             gate, up = layer.gate_up(_norm(h, layer.norms[1])).chunk(2, -1)
             h = h + layer.down(F.silu(gate) * up)
-            if index in taps:
-                kept[index] = h
+            hidden.append(h)
+        return h, hidden
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, cache: LeanKV, positions: torch.Tensor, mask: torch.Tensor | None,
+                taps: tuple[int, ...], last_only: bool, compiled=None) -> Step:
+        """ids, positions (T,); ``mask`` additive or boolean (1, 1, T, past + T) or None (causal) -> logits (T, V)
+        or (1, V) fp32 and the taps (T, L, H), as ``Target.forward``. ``compiled(h, cos, sin, keys, values,
+        attention)``, if given, runs the layers of every forward but the prefill in place of ``layers_pass``."""
+        past, t = cache.length, ids.numel()
+        cache.reserve(-(-(past + t) // BUCKET) * BUCKET)
+        h = self.embed(ids)                                                     # (T, H)
+        cos, sin = _rotary(*(x[0] for x in self.rotary(h, positions[None])))   # (T, 1, D)
+        groups = None
+        if past or mask is not None or t == 1:
+            groups = Plan(visible_keys(mask, t, past + t, ids.device)).groups
+        contiguous = mask is None and t == 1  # an AR step: its keys are the cache's first rows, read in place
+        attention = functools.partial(self._attention, past=past, groups=groups, contiguous=contiguous)
+        layers = self.layers_pass if compiled is None or groups is None else compiled
+        h, hidden = layers(h, cos, sin, cache.keys.unbind(0), cache.values.unbind(0), attention)
+        kept = {index: hidden[index] for index in taps}
         cache.length = past + t
         if len(self.layers) - 1 in taps:  # transformers reports the last layer's output after the final norm
             kept[len(self.layers) - 1] = h = _norm(h, self.final_norm)

