@@ -124,9 +124,10 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("cpu-backends", ("speed", "--backends", "fp32,bf16,int8,q4", "--dataset", "math500", "--skip", "100",
                            "--limit", "4", "--max-new-tokens", "64", "--repeats", "1", "--threads", "1", "--budget", "auto",
                            "--methods", "jetflow-pc+lookup,jetflow+lookup"), "backends", 1),
-    # the default backend (q4) beside llama.cpp at the CLI's default of 2 threads each, the budget the q4 curve picks
-    # at 1 thread (docs/speed.md): on an idle machine; ggml's barrier needs the second core to itself
-    Entry("cpu-backends-2t", ("speed", "--backends", "q4", "--dataset", "math500", "--skip", "100", "--limit", "4",
+    # the default backend (q4), eager and compiled (the compiled lean forward), beside llama.cpp at the CLI's default
+    # of 2 threads each, the budget the q4 curve picks at 1 thread (docs/speed.md): on an idle machine; ggml's barrier
+    # needs the second core to itself
+    Entry("cpu-backends-2t", ("speed", "--backends", "q4,q4-compiled", "--dataset", "math500", "--skip", "100", "--limit", "4",
                               "--max-new-tokens", "64", "--repeats", "1", "--threads", "2", "--budget", "3",
                               "--methods", "jetflow-pc+lookup"), "backends", 2),
     # the verify-cost curve per backend (fp32, bf16, int8, q4; eager and compiled), one 2-thread process, with the
