@@ -118,12 +118,11 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # eager vs compiled vs llama.cpp (docs/compiled.md): its own settings (3 prompts, 64 tokens, 2 threads)
     Entry("cpu-compiled", ("speed",), "compiled", 1),
     # every backend (int8 and q4 eager and compiled) beside llama.cpp on the same GGUF (docs/speed.md): unseen
-    # MATH-500 prompts, one process, 1 thread
-    # each (ggml's spinning barrier collapses at 2 threads on a shared 2-core machine), the budget each backend's own
-    # verify-cost curve picks (int8/q4 verify with exact attention); llama.cpp's own verify curve; the machine's copy
-    # bandwidth
-    Entry("cpu-backends", ("speed", "--backends", "fp32,bf16,int8,q4,int8-compiled,q4-compiled", "--dataset", "math500", "--skip", "100",
-                           "--limit", "4", "--max-new-tokens", "64", "--repeats", "1", "--threads", "1", "--budget", "auto",
+    # MATH-500 prompts, one process, 1 thread each (ggml's spinning barrier collapses at 2 threads on a shared 2-core
+    # machine), the budget each backend's own verify-cost curve picks (int8/q4 verify with exact attention);
+    # llama.cpp's own verify curve; the machine's copy bandwidth
+    Entry("cpu-backends", ("speed", "--backends", "fp32,bf16,int8,q4,int8-compiled,q4-compiled", "--dataset",
+                           "math500", "--skip", "100", "--limit", "4", "--max-new-tokens", "64", "--repeats", "1", "--threads", "1", "--budget", "auto",
                            "--methods", "jetflow-pc+lookup,jetflow+lookup"), "backends", 1),
     # the default backend (q4), eager and compiled (the compiled lean forward), beside llama.cpp at the CLI's default
     # of 2 threads each, the budget the q4 curve picks at 1 thread (docs/speed.md): on an idle machine; ggml's barrier
