@@ -210,6 +210,7 @@ class LeanDecoder:
 class LeanTarget(Target):
     """A ``Target`` whose forwards run ``LeanDecoder`` over a ``LeanKV`` cache (see the module docstring)."""
     decoder: LeanDecoder | None = field(default=None, repr=False)
+    compiled_layers = None  # a subclass's compiled stand-in for LeanDecoder.layers_pass (jetflow.engine.lean_compiled)
 
     def new_cache(self) -> LeanKV:
         return self.decoder.new_cache()
@@ -223,7 +224,7 @@ class LeanTarget(Target):
         if positions is None:
             positions = torch.arange(past, past + ids.numel())
         return self.decoder.forward(ids.to(self.device), cache, positions.to(self.device), mask, tuple(taps),
-                                    last_only)
+                                    last_only, compiled=self.compiled_layers)
 
 
 def lean_target(target: Target) -> LeanTarget:

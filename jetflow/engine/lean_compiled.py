@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .compiled import use_disk_cache
-from .lean import LeanKV, LeanTarget, lean_target
-from .target import Step, Target
+from .lean import LeanTarget, lean_target
+from .target import Target
 
 _pending: list = [None]  # (the running forward's eager attention, the cache's per-layer keys and values)
 
@@ -86,9 +86,10 @@ class CompiledLeanTarget(LeanTarget):
         decoder = self.decoder
         self.graph = torch.compile(functools.partial(_graph_body, decoder), dynamic=False, options=OPTIONS)
 
-    def _layers(self, h, cos, sin, keys, values, attention):
-        """The compiled pass over ``h`` (T, H); the row count is unbacked, so one row and many share one graph and
-        every row is computed alike whatever the count."""
+    def compiled_layers(self, h, cos, sin, keys, values, attention):
+        """``LeanTarget.forward``'s stand-in for ``layers_pass`` in every step but the prefill: the compiled pass
+        over ``h`` (T, H). The row count is unbacked, so one row and many share one graph and every row is computed
+        alike whatever the count."""
         for x in (h, cos, sin):
             torch._dynamo.decorators.mark_unbacked(x, 0)
         _pending[0] = (attention, keys, values)
@@ -99,17 +100,6 @@ class CompiledLeanTarget(LeanTarget):
             _pending[0] = None
         self.compile_s.setdefault("layers", time.perf_counter() - t0)
         return out
-
-    def forward(self, ids: torch.Tensor, cache: LeanKV, *, positions: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, taps: tuple[int, ...] = (), last_only: bool = False) -> Step:
-        """As ``LeanTarget.forward``, the layers of every step but the prefill through the compiled graph."""
-        if not isinstance(cache, LeanKV):
-            raise ValueError("a lean target runs on its own cache: use target.new_cache()")
-        past = cache.get_seq_length()
-        if positions is None:
-            positions = torch.arange(past, past + ids.numel())
-        return self.decoder.forward(ids.to(self.device), cache, positions.to(self.device), mask, tuple(taps),
-                                    last_only, compiled=self._layers)
 
     def warm(self, proposers=(), *, rows: int | None = None, tree=None, shortest: int = 1) -> list[dict]:
         """Compile (or load) the graph on a throwaway prefix, before any timing; the arguments are
