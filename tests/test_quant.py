@@ -96,6 +96,31 @@ def test_every_decoding_command_takes_quant(argv):
     assert parser.parse_args(argv + ["--quant", "q4"]).quant == "q4" and parser.parse_args(argv).quant is None
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bench_with_quant_computes_in_bf16_where_native(monkeypatch, tmp_path, native):
+    """``bench --quant`` without ``--dtype`` feeds the packed kernels bf16 where the CPU has it (fp32 inputs run them
+    10-40x slower), as ``generate`` does; an explicit ``--dtype`` wins."""
+    import jetflow.commands as commands
+    from jetflow.cli import main
+    from jetflow.util import hardware
+    monkeypatch.setattr(hardware, "fast_dtype", lambda device: ("bfloat16", "native") if native else ("float32", "no"))
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["dtype"])
+        raise Stop
+    monkeypatch.setattr(commands, "load_for_run", spy)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hi"}\n')
+    for extra in ([], ["--dtype", "float32"]):
+        with pytest.raises(Stop):
+            main(["bench", "--quant", "q4", "--methods", "ar", "--prompts-file", str(prompts), *extra])
+    assert seen == ["bfloat16" if native else "float32", "float32"]
+
+
 @pytest.mark.slow
 def _block_weights(kind, *blocks):
     """The (N, K) fp32 weights a GGUF block set stands for: Q4_1 d * code + m, Q8_0 d * q (per 32 inputs)."""
