@@ -127,8 +127,9 @@ def load_target(name: str | None = None, *, dtype: str = "float32", device: str 
     ``enable_thinking`` (Qwen3) unless ``thinking=True``. ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget``
     (torch.compile over a static cache; graphs compile on first use, see docs/compiled.md) whose cache holds
     ``cache_len`` rows (None: 1,024; ``load_for_run`` sizes it from the run); for int8/q4 on a CPU instead a
-    ``jetflow.engine.lean_compiled.CompiledLeanTarget`` (one graph, a growing cache: ``cache_len`` unused). ``quant`` "int8" or "q4": weight-only
-    quantized linears, lm_head included, computing in ``dtype`` (``jetflow.engine.quant``; CPU only)."""
+    ``jetflow.engine.lean_compiled.CompiledLeanTarget`` (one graph, a growing cache: ``cache_len`` unused).
+    ``quant`` "int8" or "q4": weight-only quantized linears, lm_head included, computing in ``dtype``
+    (``jetflow.engine.quant``; CPU only)."""
     if cache_len is not None and not compile:
         raise ValueError("cache_len sizes the compiled target's static cache: pass compile=True with it")
     target = load_compiled(name, dtype, device, cache_len, quant) if compile else load_eager(name, dtype, device, quant)
