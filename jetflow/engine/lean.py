@@ -159,8 +159,8 @@ class LeanDecoder:
         return out
 
     def layers_pass(self, h, cos, sin, keys, values, attention):
-        """The decoder layers over ``h`` (T, H) with rotary factors ``cos``/``sin``; ``attention(q, k, v, keys[i],
-        values[i])`` attends one layer's rows and writes their keys and values into that layer's cache ->
+        """The decoder layers over ``h`` (T, H) with rotary factors ``cos``/``sin`` and the cache's ``keys``/``values``
+        (layers, KVH, rows, D); ``attention(q, k, v, keys[i], values[i])`` attends one layer's rows and writes their keys and values into that layer's cache ->
         (the last layer's output, every layer's output). It reads nothing else that changes between calls, so
         ``jetflow.engine.lean_compiled`` hands it to torch.compile as it is, with an attention of its own."""
         t = h.shape[0]
@@ -194,7 +194,7 @@ class LeanDecoder:
         contiguous = mask is None and t == 1  # an AR step: its keys are the cache's first rows, read in place
         attention = functools.partial(self._attention, past=past, groups=groups, contiguous=contiguous)
         layers = self.layers_pass if compiled is None or groups is None else compiled
-        h, hidden = layers(h, cos, sin, cache.keys.unbind(0), cache.values.unbind(0), attention)
+        h, hidden = layers(h, cos, sin, cache.keys, cache.values, attention)
         kept = {index: hidden[index] for index in taps}
         cache.length = past + t
         if len(self.layers) - 1 in taps:  # transformers reports the last layer's output after the final norm

@@ -29,7 +29,7 @@ from .compiled import use_disk_cache
 from .lean import LeanTarget, lean_target
 from .target import Target
 
-_pending: list = [None]  # (the running forward's eager attention, the cache's per-layer keys and values)
+_pending: list = [None]  # (the running forward's eager attention, the cache's keys and values (layers, KVH, rows, D))
 
 # one layer's exact attention as an op opaque to the compiler. It runs the running forward's own attention
 # (``_pending``: a partial of ``LeanDecoder._attention``), which writes k/v into the layer's cache rows and reads the
