@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fakes import CharTokenizer, tiny_model
-from jetflow.engine import invariant, lean, quant
+from jetflow.engine import invariant, lean, quant, row_attention
 from jetflow.engine.decode import generate
 from jetflow.engine.target import Target, keep_path
 from jetflow.engine.verify import tree_attention_mask
@@ -32,11 +32,17 @@ def targets(request):
     return pair(request.param)
 
 
-def test_lean_forward_agrees_with_transformers(targets):
+@pytest.mark.parametrize("rows_in_c", [False, True])
+def test_lean_forward_agrees_with_transformers(targets, rows_in_c):
     """A prefill, AR steps and a tree verify give transformers' logits and taps (the last layer's after the final norm,
-    as transformers reports it): bit for bit on the quantized backends, whose transformers path attends through the
-    same exact attention; to rounding in fp32, where transformers attends with SDPA."""
-    hf, lt = targets
+    as transformers reports it): bit for bit on the quantized backends when the lean forward attends through the same
+    torch ops (``invariant.attend``) as transformers' exact attention; to rounding through the C row attention, and in
+    fp32, where transformers attends with SDPA."""
+    with row_attention.switched(rows_in_c):
+        compare_with_transformers(*targets, exact=not rows_in_c)
+
+
+def compare_with_transformers(hf, lt, exact: bool):
     prompt = torch.randint(3, VOCAB, (70,), generator=torch.Generator().manual_seed(0))
     caches = hf.new_cache(), lt.new_cache()
     steps = [t.forward(prompt, c, taps=(0, 2)) for t, c in zip((hf, lt), caches)]
@@ -48,7 +54,7 @@ def test_lean_forward_agrees_with_transformers(targets):
     for t, c in zip((hf, lt), caches):
         steps.append(t.forward(tree.tokens, c, positions=tree.depth + past, taps=(0, 1, 2),
                                mask=tree_attention_mask(tree, past, t.dtype, t.device)))
-    exact = hf.model.config._attn_implementation == invariant.EXACT
+    exact = exact and hf.model.config._attn_implementation == invariant.EXACT
     for want, got in zip(steps[::2], steps[1::2]):
         assert got.logits.shape == want.logits.shape and got.taps.shape == want.taps.shape
         assert got.logits.dtype == torch.float32
@@ -58,14 +64,17 @@ def test_lean_forward_agrees_with_transformers(targets):
             assert torch.allclose(got.logits, want.logits, atol=2e-4, rtol=1e-4)
             assert torch.allclose(got.taps.float(), want.taps.float(), atol=2e-4, rtol=1e-4)
 
+@pytest.mark.parametrize("rows_in_c", [True, False])
 @pytest.mark.parametrize("backend", ["q4", "int8"])
 @pytest.mark.parametrize("past", [5, 60, 130, 300])
-def test_every_tree_row_equals_the_lean_ar_step_at_its_node(backend, past):
+def test_every_tree_row_equals_the_lean_ar_step_at_its_node(backend, past, rows_in_c):
     """Every row of a 17-node tree verify equals, bit for bit, the lean AR step that reaches its node (prefixes across
-    the 64-key bucket edge and past the cache's first 256 rows, which it then grows)."""
+    the 64-key bucket edge and past the cache's first 256 rows, which it then grows), through the C row attention
+    and through the torch ops alike."""
     _, lt = pair(backend)
     prompt = torch.randint(3, VOCAB, (past,), generator=torch.Generator().manual_seed(past))
-    assert_rows_are_ar_steps(lt, prompt, random_tree(17, past), range(17))
+    with row_attention.switched(rows_in_c):
+        assert_rows_are_ar_steps(lt, prompt, random_tree(17, past), range(17))
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from .invariant import BUCKET, Plan, attend, visible_keys
 from .quant import fuse
+from .row_attention import available as row_attention_available, row_attention
 from .target import Step, Target, move_rows
 
 ROWS = 256  # the cache's first capacity; it doubles as a sequence grows
@@ -73,6 +74,11 @@ class LeanKV:
             move_rows(self.keys, past_len, path)
             move_rows(self.values, past_len, path)
         self.length = past_len + len(path)
+
+
+def _mask_of(visible: torch.Tensor | None) -> torch.Tensor | None:
+    """A (T, L) visible-keys table as the (1, 1, T, L) boolean mask ``visible_keys`` reads back (None stays None)."""
+    return None if visible is None else visible[None, None]
 
 
 def _norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
@@ -136,13 +142,21 @@ class LeanDecoder:
     def new_cache(self) -> LeanKV:
         return LeanKV(len(self.layers), self.kv_heads, self.dim, self.embed.weight.device)
 
-    def _attention(self, q, k, v, keys, values, past: int, groups, contiguous: bool) -> torch.Tensor:
+    def _attention(self, q, k, v, keys, values, past: int, groups, contiguous: bool, visible=None,
+                   prefill: bool = False) -> torch.Tensor:
         """q (T, H, D), k/v (T, KVH, D) of one layer, written at rows past..past+T of its cache ``keys``/``values``
-        (KVH, rows, D); ``groups`` the ``Plan``'s, or None for the causal prefill -> (T, H, D)."""
+        (KVH, rows, D) -> (T, H, D). The causal ``prefill`` over an empty cache attends with SDPA; every other forward
+        exactly: through the C row attention (``visible`` its (T, past + T) mask, None: causal) where it runs, else
+        through ``invariant.attend`` over the ``Plan``'s ``groups``."""
         t = q.shape[0]
+        if not prefill and groups is None:
+            out = row_attention(q, k, v, keys, values, past, visible, self.scaling)
+            if out is not None:
+                return out
+            groups = Plan(visible_keys(_mask_of(visible), t, past + t, q.device)).groups
         keys[:, past:past + t] = k.transpose(0, 1)
         values[:, past:past + t] = v.transpose(0, 1)
-        if groups is None:  # the prefill: causal, any kernel (AR and speculation share it)
+        if prefill:  # causal, any kernel (AR and speculation share it)
             out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                  v.transpose(0, 1)[None], is_causal=True, scale=self.scaling,
                                                  enable_gqa=True)
@@ -188,12 +202,16 @@ class LeanDecoder:
         cache.reserve(-(-(past + t) // BUCKET) * BUCKET)
         h = self.embed(ids)                                                     # (T, H)
         cos, sin = _rotary(*(x[0] for x in self.rotary(h, positions[None])))   # (T, 1, D)
-        groups = None
-        if past or mask is not None or t == 1:
+        prefill = not (past or mask is not None or t == 1)  # causal over an empty cache (AR and speculation share it)
+        groups = visible = None
+        if not prefill and row_attention_available():  # the C kernel: each row reads its visible keys (None: causal)
+            visible = None if mask is None else visible_keys(mask, t, past + t, ids.device)
+        elif not prefill:
             groups = Plan(visible_keys(mask, t, past + t, ids.device)).groups
         contiguous = mask is None and t == 1  # an AR step: its keys are the cache's first rows, read in place
-        attention = functools.partial(self._attention, past=past, groups=groups, contiguous=contiguous)
-        layers = self.layers_pass if compiled is None or groups is None else compiled
+        attention = functools.partial(self._attention, past=past, groups=groups, contiguous=contiguous,
+                                      visible=visible, prefill=prefill)
+        layers = self.layers_pass if compiled is None or prefill else compiled
         h, hidden = layers(h, cos, sin, cache.keys, cache.values, attention)
         kept = {index: hidden[index] for index in taps}
         cache.length = past + t
