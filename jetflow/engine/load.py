@@ -18,6 +18,7 @@ from .compiled import CompileConfig, CompiledTarget, compile_target, run_cache_l
 from .invariant import make_invariant
 from .lean import LeanTarget, lean_target, unsupported as lean_unsupported
 from .lean_compiled import CompiledLeanTarget, compile_lean
+from .dot8 import Dot8Linear
 from .quant import QUANTS, QuantLinear, quantize_model
 from .target import Target, check_supported
 from jetflow.util import hardware
@@ -30,7 +31,7 @@ DEVICE_HELP = "where the target runs, e.g. cuda or cuda:1 (default: the CPU)"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # the CPU backends of the embedded target by name: (dtype, quant); int8 and q4 compute in bf16, the kernels' fast path
 BACKENDS = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "int8": ("bfloat16", "int8"),
-            "q4": ("bfloat16", "q4")}
+            "q4": ("bfloat16", "q4"), "q4x8": ("bfloat16", "q4x8")}
 
 
 def embedded_gguf() -> Path:
@@ -168,9 +169,9 @@ def pick_backend(name: str | None = None, dtype: str | None = None, quant: str |
 
 
 def backend_of(target: Target) -> str:
-    """The backend a target runs: "fp32", "bf16", "int8" or "q4" (the ``BACKENDS`` key of its dtype and quantized
+    """The backend a target runs: "fp32", "bf16", "int8", "q4" or "q4x8" (the ``BACKENDS`` key of its dtype and quantized
     linears), with "-compiled" for a compiled target; another dtype gives its own name (e.g. "float16")."""
-    kinds = {m.kind for m in target.model.modules() if isinstance(m, QuantLinear)}
+    kinds = {m.kind for m in target.model.modules() if isinstance(m, (QuantLinear, Dot8Linear))}
     key = (str(target.dtype).removeprefix("torch."), kinds.pop() if len(kinds) == 1 else None)
     name = next((b for b, v in BACKENDS.items() if v == key), "-".join(k for k in key if k))
     return name + ("-compiled" if isinstance(target, (CompiledTarget, CompiledLeanTarget)) else "")

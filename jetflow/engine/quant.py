@@ -15,6 +15,8 @@ that carry a GGUF file's own Q4_1 (and Q8_0) weights exactly.
   codes, scales and minimums are the file's; a model without a file gets Q4_1 blocks of its own weights
   (``q4_1_blocks``, min/max per 32). In fp32 the kernel's weights equal the dequantized file exactly
   (tested, max error 0.0); in bf16 the scales and zeros are rounded to bf16 (the kernels' fast path).
+- ``q4x8``: the same file blocks computed as llama.cpp computes them, activations quantized to 8 bits per block of
+  32 and integer dot products (``jetflow.engine.dot8``, a C kernel built on this machine).
 
 The kernels are fast at a few rows and only with bf16 activations: fp32 inputs run 10-40x slower
 (docs/compiled.md). Both ops have meta kernels, so the modules run under ``torch.compile`` too.
@@ -28,11 +30,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-QUANTS = ("int8", "q4")  # the quantized backends; None = the float weights
+from . import dot8
+
+QUANTS = ("int8", "q4", "q4x8")  # the quantized backends; None = the float weights
 GROUP = 32               # inputs per 4-bit group (a GGUF block)
 PACK_ROWS = 64           # output rows per block of the CPU int4 packing (``fuse`` concatenates whole blocks)
-QUANT_HELP = ("weight-only quantized linears, lm_head included: int8 (per channel) or q4 (the GGUF's own Q4_1 "
-              "blocks; docs/compiled.md); default none")
+QUANT_HELP = ("weight-only quantized linears, lm_head included: int8 (per channel), q4 (the GGUF's own Q4_1 "
+              "blocks; docs/compiled.md) or q4x8 (the same blocks times 8-bit activations, as llama.cpp computes "
+              "them; docs/speed.md); default none")
 
 
 class QuantLinear(torch.nn.Module):
@@ -152,8 +157,10 @@ def fuse(layers) -> torch.nn.Module:
         if bias is not None:
             out.bias.data = bias
         return out.requires_grad_(False)
+    if isinstance(first, dot8.Dot8Linear):
+        return dot8.fuse(layers)
     if not isinstance(first, QuantLinear):
-        raise ValueError(f"fuse takes nn.Linear or QuantLinear layers, got {type(first).__name__}")
+        raise ValueError(f"fuse takes nn.Linear, QuantLinear or Dot8Linear layers, got {type(first).__name__}")
     if first.kind == "q4" and any(l.out_features % PACK_ROWS for l in layers[:-1]):
         raise ValueError(f"q4 layers fuse where every one but the last has a multiple of {PACK_ROWS} output rows "
                          f"(the kernel packs rows in blocks of {PACK_ROWS}), got {[l.out_features for l in layers]}")
@@ -213,12 +220,16 @@ def gguf_blocks(path: str | Path) -> dict[str, tuple]:
 
 
 # ----------------------------------------------------------------------------- a whole model
-def quant_layer(kind: str, name: str, linear: torch.nn.Linear, blocks: dict, dtype: torch.dtype) -> QuantLinear:
-    """The quantized counterpart of the model's ``linear`` called ``name``: int8 of its weights, or q4 from the
-    file's blocks of that name when ``blocks`` holds them (else Q4_1 blocks of its own weights)."""
+def quant_layer(kind: str, name: str, linear: torch.nn.Linear, blocks: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """The quantized counterpart of the model's ``linear`` called ``name``: int8 of its weights, or q4 / q4x8 from
+    the file's blocks of that name when ``blocks`` holds them (else Q4_1 blocks of its own weights)."""
     bias = linear.bias
     if kind == "int8":
         return int8_linear(linear.weight, bias, dtype)
+    if kind == "q4x8":
+        file_kind, *b = blocks.get(name) or ("q4_1", *q4_1_blocks(linear.weight))
+        make = dot8.from_q8_0 if file_kind == "q8_0" else dot8.from_q4_1
+        return make(*b, dtype=dtype, bias=bias)
     if name in blocks:
         file_kind, *b = blocks[name]
         if file_kind == "q8_0":
@@ -229,14 +240,16 @@ def quant_layer(kind: str, name: str, linear: torch.nn.Linear, blocks: dict, dty
 
 def quantize_model(model: torch.nn.Module, kind: str, gguf_file: str | Path | None = None) -> torch.nn.Module:
     """Replace every ``nn.Linear`` of ``model`` (in place; lm_head included, the input embedding kept) by a
-    ``QuantLinear`` of ``kind`` computing in the model's dtype; q4 takes the blocks of ``gguf_file`` where it
-    has them. Returns ``model``."""
+    ``QuantLinear`` (a ``dot8.Dot8Linear`` for q4x8) of ``kind`` computing in the model's dtype; q4 and q4x8 take
+    the blocks of ``gguf_file`` where it has them. Returns ``model``."""
     if kind not in QUANTS:
         raise ValueError(f"quant must be one of {QUANTS}, got {kind!r}")
     if model.get_input_embeddings().weight.device.type != "cpu":
         raise ValueError("the quantized linears run torch's CPU kernels: load the target on the CPU")
     dtype = model.get_input_embeddings().weight.dtype
-    blocks = gguf_blocks(gguf_file) if kind == "q4" and gguf_file is not None else {}
+    if kind == "q4x8" and not dot8.available():
+        raise ValueError("q4x8 needs its C kernel, which needs a C compiler (cc) here: use q4")
+    blocks = gguf_blocks(gguf_file) if kind in ("q4", "q4x8") and gguf_file is not None else {}
     names = [n for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
     for name in names:
         parent, _, leaf = name.rpartition(".")

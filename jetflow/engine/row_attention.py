@@ -11,10 +11,9 @@ its ancestors, then itself) come in the same order and with the same values as t
 is the AR step's bit for bit by construction; ``tests/test_row_attention.py`` checks that, and the lean and
 lean-compiled tests check whole trees against AR.
 
-The C source is compiled once per machine with the system's C compiler (``cc``, ``-O3 -march=native``) into the
-cache folder (``$JETFLOW_CACHE/native``) and loaded with ctypes. Where there is no compiler, or
-``JETFLOW_ROW_ATTENTION=0`` (or inside ``with switched(False)``), ``row_attention`` returns None and the lean forward attends through
-``invariant.attend`` as before: both are exact, but they round differently, so a backend's tokens can differ between
+The C source is compiled once per machine (``jetflow.engine.native``) and loaded with ctypes. Where there is no
+compiler, or ``JETFLOW_ROW_ATTENTION=0`` or ``JETFLOW_NATIVE=0`` (or inside ``with switched(False)``), ``row_attention``
+returns None and the lean forward attends through ``invariant.attend`` as before: both are exact, but they round differently, so a backend's tokens can differ between
 the two (each equals its own AR).
 """
 from __future__ import annotations
@@ -22,15 +21,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import os
-import platform
-import subprocess
-import warnings
 
 import torch
 
-from jetflow.util.paths import cache_dir
+from . import native
 
 SOURCE = r"""
 #include <math.h>
@@ -145,46 +140,19 @@ ERRORS = {1: "the cache has no room for the rows, or the heads do not split into
 _ARGS = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
          ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
          ctypes.c_float, ctypes.c_void_p]
-
-
-def _machine() -> str:
-    """What ``-march=native`` compiles for: the processor's flags (a shared cache folder may serve several CPUs)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), platform.processor())
-    except OSError:
-        return platform.processor()
-
-
 _switch = [True]  # ``switched``'s state: False sends every forward to the torch ops
 
 
 @functools.lru_cache(maxsize=None)
 def library():
-    """The compiled kernel (built once per machine, then loaded from the cache folder), or None with one warning."""
+    """The kernel's C function (built once per machine), or None where there is no compiler or
+    ``JETFLOW_ROW_ATTENTION=0``."""
     if os.environ.get("JETFLOW_ROW_ATTENTION", "1") == "0":
         return None
-    compiler = os.environ.get("CC", "cc")
-    key = hashlib.sha256("\0".join([SOURCE, compiler, platform.machine(), _machine()]).encode()).hexdigest()[:16]
-    folder = cache_dir() / "native"
-    path = folder / f"row_attention-{key}.so"
-    try:
-        if not path.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            source = folder / f"row_attention-{key}.{os.getpid()}.c"
-            source.write_text(SOURCE)
-            built = source.with_suffix(".so")
-            subprocess.run([compiler, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(built), str(source), "-lm"],
-                           check=True, capture_output=True, text=True)
-            os.replace(built, path)  # atomic: a process beside this one loads a whole file or builds its own
-            source.unlink()
-        library = ctypes.CDLL(str(path))
-    except (OSError, subprocess.CalledProcessError) as err:
-        detail = getattr(err, "stderr", "") or err
-        warnings.warn(f"jetflow: the C row attention is unavailable ({detail}); the lean forward attends through "
-                      f"torch ops (exact as well, slower)", RuntimeWarning, stacklevel=3)
+    lib = native.build("row_attention", SOURCE)
+    if lib is None:
         return None
-    function = library.jetflow_row_attention
+    function = lib.jetflow_row_attention
     function.argtypes, function.restype = _ARGS, ctypes.c_int
     return function
 
