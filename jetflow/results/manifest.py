@@ -121,13 +121,13 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     # MATH-500 prompts, one process, 1 thread each (ggml's spinning barrier collapses at 2 threads on a shared 2-core
     # machine), the budget each backend's own verify-cost curve picks (int8/q4 verify with exact attention);
     # llama.cpp's own verify curve; the machine's copy bandwidth
-    Entry("cpu-backends", ("speed", "--backends", "fp32,bf16,int8,q4,int8-compiled,q4-compiled", "--dataset",
+    Entry("cpu-backends", ("speed", "--backends", "fp32,bf16,int8,q4,q4x8,int8-compiled,q4-compiled,q4x8-compiled", "--dataset",
                            "math500", "--skip", "100", "--limit", "4", "--max-new-tokens", "64", "--repeats", "1", "--threads", "1", "--budget", "auto",
                            "--methods", "jetflow-pc+lookup,jetflow+lookup"), "backends", 1),
-    # the default backend (q4), eager and compiled (the compiled lean forward), beside llama.cpp at the CLI's default
+    # the 4-bit backends (q4, q4x8), eager and compiled (the compiled lean forward), beside llama.cpp at the CLI's default
     # of 2 threads each, the budget the q4 curve picks at 1 thread (docs/speed.md): on an idle machine; ggml's barrier
     # needs the second core to itself
-    Entry("cpu-backends-2t", ("speed", "--backends", "q4,q4-compiled", "--dataset", "math500", "--skip", "100", "--limit", "4",
+    Entry("cpu-backends-2t", ("speed", "--backends", "q4,q4-compiled,q4x8,q4x8-compiled", "--dataset", "math500", "--skip", "100", "--limit", "4",
                               "--max-new-tokens", "64", "--repeats", "1", "--threads", "2", "--budget", "3",
                               "--methods", "jetflow-pc+lookup"), "backends", 2),
     # the verify-cost curve per backend (fp32, bf16, int8, q4; eager and compiled), one 2-thread process, with the
