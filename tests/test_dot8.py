@@ -62,9 +62,20 @@ def test_q8_blocks_follow_the_formula():
     assert torch.equal(layer.weight, (q.float().reshape(96, 4, 32) * d[..., None]).reshape(96, 128))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_together_equal_rows_alone(dtype):
-    """Heavy-tailed rows (normal times log-normal), 1 to 17 per call: every row equals the same row computed alone."""
+def test_rows_together_equal_rows_alone(dtype, threads):
+    """Heavy-tailed rows (normal times log-normal), 1 to 17 per call: every row equals the same row computed alone,
+    on one thread and with the outputs split between two (OpenMP, torch's own threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rows_alone(dtype)
+    finally:
+        torch.set_num_threads(before)
+
+
+def rows_alone(dtype):
     gen = torch.Generator().manual_seed(4)
     for layer in (q4_layer()[0], q8_layer()[0]):
         layer = dot8.Dot8Linear(*layer.blocks()[:1], layer.bits, *layer.blocks()[1:], dtype)

@@ -24,11 +24,7 @@ import torch
 
 from . import native
 
-SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+SOURCE = native.PRELUDE + r"""
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define VNNI 1
@@ -39,20 +35,6 @@ SOURCE = r"""
    blocks of 32 inputs, the G outputs' codes of blocks 2p and 2p+1 (bits 4: 16 bytes a block, byte j = code j |
    code j+16 << 4, GGUF's order; bits 8: 32 bytes, code = q + 128), then per output d(2p), d(2p+1), m(2p), m(2p+1)
    as fp16. weight = d * code + m (4 bits); d * (code - 128) (8 bits). */
-
-static inline float load(const void *p, long i, int bf16) {
-    if (bf16) { uint32_t u = ((uint32_t)((const uint16_t *)p)[i]) << 16; float f; memcpy(&f, &u, 4); return f; }
-    return ((const float *)p)[i];
-}
-
-static inline void store(void *p, long i, float f, int bf16) {
-    if (bf16) {
-        uint32_t u; memcpy(&u, &f, 4);
-        if ((u & 0x7fffffff) > 0x7f800000) u |= 0x00400000;
-        else u += 0x7fff + ((u >> 16) & 1);
-        ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-    } else ((float *)p)[i] = f;
-}
 
 /* rows of x (T, K), row stride xs -> qx (T, K) int8, dx (T, B) and the sums of qx (T, B), B = K / 32 */
 static void quantize(const void *x, long xs, int bf16, int T, int K, int8_t *qx, float *dx, int *sums) {
@@ -144,6 +126,14 @@ static inline float f16(const uint8_t *p) {
 
 /* y (T, N) in x's dtype = x (T, K) times the packed weights (above). Returns 0, 1 (K not a multiple of 64 or N not
    of G), 2 (out of memory). */
+int jetflow_dot8_vectorized(void) {  /* 1 where the AVX-512 VNNI path was built */
+#ifdef VNNI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int jetflow_dot8(const void *x, long xs, int bf16, int T, int K, const uint8_t *packed, int bits, int G, int N,
                  void *y) {
     if (K % 64 || T <= 0 || N % G || (G != 1 && G != 4)) return 1;
@@ -172,6 +162,9 @@ int jetflow_dot8(const void *x, long xs, int bf16, int T, int K, const uint8_t *
             sv[o + 8] = dx[t * B + 2 * p + 1] * (float)sums[t * B + 2 * p + 1];
         }
     job J = {packed, bits, G, P, K, N, unit, qx, xsv, sv, corr, y, bf16};
+    /* groups of outputs split between threads (OpenMP where built with it; each output is computed the same way on
+       any thread); small calls stay on one */
+    #pragma omp parallel for schedule(static) if ((long)N * K * T >= 1L << 16)
     for (long g = 0; g < N / G; g++)
         for (int t0 = 0; t0 < T; t0 += 4) {
             int rows = T - t0 < 4 ? T - t0 : 4;
@@ -221,8 +214,13 @@ _ARGS = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_in
 
 
 @functools.lru_cache(maxsize=None)
+def _library():
+    return native.build("dot8", SOURCE, ("-fopenmp",))
+
+
+@functools.lru_cache(maxsize=None)
 def _function():
-    lib = native.build("dot8", SOURCE)
+    lib = _library()
     if lib is None:
         return None
     function = lib.jetflow_dot8
@@ -233,6 +231,11 @@ def _function():
 def available() -> bool:
     """Whether the kernel builds here (a C compiler; ``JETFLOW_NATIVE`` not 0): the q4x8 backend needs it."""
     return _function() is not None
+
+
+def vectorized() -> bool:
+    """Whether the kernel here is the AVX-512 VNNI one (the fast one; elsewhere plain C, correct but slow)."""
+    return available() and bool(_library().jetflow_dot8_vectorized())
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, bits: int, group: int, n: int) -> torch.Tensor:

@@ -19,6 +19,30 @@ import warnings
 
 from jetflow.util.paths import cache_dir
 
+# What every kernel's source starts with: the headers, and a float or bf16 element read or written as a float (bf16
+# rounded to nearest even, NaN kept), so one kernel serves both dtypes.
+PRELUDE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float load(const void *p, long i, int bf16) {
+    if (bf16) { uint32_t u = ((uint32_t)((const uint16_t *)p)[i]) << 16; float f; memcpy(&f, &u, 4); return f; }
+    return ((const float *)p)[i];
+}
+
+static inline void store(void *p, long i, float f, int bf16) {
+    if (bf16) {
+        uint32_t u; memcpy(&u, &f, 4);
+        if ((u & 0x7fffffff) > 0x7f800000) u |= 0x00400000;      /* NaN stays NaN */
+        else u += 0x7fff + ((u >> 16) & 1);                       /* round to nearest even */
+        ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+    } else ((float *)p)[i] = f;
+}
+"""
+
+
 
 def _machine() -> str:
     """What ``-march=native`` compiles for: the processor's flags (a shared cache folder may serve several CPUs)."""
@@ -29,24 +53,29 @@ def _machine() -> str:
         return platform.processor()
 
 
-def _compile(compiler: str, source, built) -> None:
-    """``source`` into the shared library ``built``; for this processor where the compiler knows how (an older
-    compiler on some ARM machines refuses ``-march=native``), else generic."""
+def _compile(compiler: str, source, built, flags: tuple[str, ...]) -> None:
+    """``source`` into the shared library ``built``: for this processor and with ``flags`` where the compiler takes
+    them (an older compiler on some ARM machines refuses ``-march=native``; clang may lack OpenMP), else without."""
     base = [compiler, "-O3", "-shared", "-fPIC", "-o", str(built), str(source), "-lm"]
-    try:
-        subprocess.run(base[:2] + ["-march=native"] + base[2:], check=True, capture_output=True, text=True)
-    except subprocess.CalledProcessError:
-        subprocess.run(base, check=True, capture_output=True, text=True)
+    for extra in (["-march=native", *flags], ["-march=native"], []):
+        try:
+            subprocess.run(base[:2] + extra + base[2:], check=True, capture_output=True, text=True)
+            return
+        except subprocess.CalledProcessError:
+            if not extra:
+                raise
 
 
 @functools.lru_cache(maxsize=None)
-def build(name: str, source: str) -> ctypes.CDLL | None:
+def build(name: str, source: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The shared library of ``source`` (built on first use on this machine, then loaded from the cache folder), or
-    None, with one warning saying why, where there is no working C compiler or ``JETFLOW_NATIVE=0``."""
+    None, with one warning saying why, where there is no working C compiler or ``JETFLOW_NATIVE=0``. ``flags``: extra
+    compiler flags, dropped where the compiler refuses them (e.g. ``-fopenmp``: OpenMP threads are torch's own, the
+    process has one OpenMP runtime, so ``torch.set_num_threads`` sets the kernels' threads too)."""
     if os.environ.get("JETFLOW_NATIVE", "1") == "0":
         return None
     compiler = os.environ.get("CC", "cc")
-    key = hashlib.sha256("\0".join([source, compiler, platform.machine(), _machine()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source, compiler, platform.machine(), _machine(), *flags]).encode()).hexdigest()[:16]
     folder = cache_dir() / "native"
     path = folder / f"{name}-{key}.so"
     try:
@@ -55,7 +84,7 @@ def build(name: str, source: str) -> ctypes.CDLL | None:
             text = folder / f"{name}-{key}.{os.getpid()}.c"
             text.write_text(source)
             built = text.with_suffix(".so")
-            _compile(compiler, text, built)
+            _compile(compiler, text, built, flags)
             os.replace(built, path)  # atomic: a process beside this one loads a whole file or builds its own
             text.unlink()
         return ctypes.CDLL(str(path))

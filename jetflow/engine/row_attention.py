@@ -27,26 +27,7 @@ import torch
 
 from . import native
 
-SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-static inline float load(const void *p, long i, int bf16) {
-    if (bf16) { uint32_t u = ((uint32_t)((const uint16_t *)p)[i]) << 16; float f; memcpy(&f, &u, 4); return f; }
-    return ((const float *)p)[i];
-}
-
-static inline void store(void *p, long i, float f, int bf16) {
-    if (bf16) {
-        uint32_t u; memcpy(&u, &f, 4);
-        if ((u & 0x7fffffff) > 0x7f800000) u |= 0x00400000;      /* NaN stays NaN */
-        else u += 0x7fff + ((u >> 16) & 1);                       /* round to nearest even */
-        ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-    } else ((float *)p)[i] = f;
-}
-
+SOURCE = native.PRELUDE + r"""
 #define LANES 16
 #define MAX_DIM 512
 #define MAX_GROUP 16
