@@ -20,8 +20,9 @@ Entry points
   ``compile=True``: a ``jetflow.engine.compiled.CompiledTarget`` (torch.compile over one static KV cache, one
   graph per query length, trees padded with masked nodes; docs/compiled.md) of ``cache_len`` rows (1,024 by
   default; ``load_for_run`` sizes it from a run). A chat template with Qwen3's ``enable_thinking`` switch
-  renders with thinking off unless ``thinking=True`` (``chat_kwargs_for``). ``quant="int8"|"q4"`` on a CPU:
-  weight-only packed linears (``jetflow.engine.quant``; q4 = the GGUF's own blocks) and, for a Llama model, a
+  renders with thinking off unless ``thinking=True`` (``chat_kwargs_for``). ``quant="int8"|"q4"|"q4x8"`` on a CPU:
+  weight-only packed linears (``jetflow.engine.quant``; q4 = the GGUF's own blocks; q4x8 = those blocks times
+  8-bit activations in a C kernel, ``jetflow.engine.dot8``) and, for a Llama model, a
   ``jetflow.engine.lean.LeanTarget`` (the decoder layer written out, exact attention: speculation equals that
   backend's AR bit for bit; docs/speed.md); with ``compile=True`` too, a
   ``jetflow.engine.lean_compiled.CompiledLeanTarget`` (that forward as one compiled graph for every step, its own

@@ -65,10 +65,12 @@ def add_head_flags(p) -> None:
 
 def add_compile_flag(parser) -> None:
     """``--compile``: decode on ``load_target(..., compile=True)`` (docs/compiled.md); off by default; ``--quant``:
-    on ``load_target(..., quant=...)`` (int8 or q4 linears, ``jetflow.engine.quant``)."""
+    on ``load_target(..., quant=...)`` (int8, q4 or q4x8 linears, ``jetflow.engine.quant``)."""
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the target over a static cache (each graph compiles on first use, "
-                             "minutes on a CPU; when it pays: docs/compiled.md)")
+                        help="torch.compile the target: with int8/q4/q4x8 on a CPU (and the default there) the "
+                             "lean forward as one graph, compiled once per machine and loaded from the disk cache "
+                             "after; fp32/bf16 over a static cache, a graph per query length. Compile seconds are "
+                             "reported apart from tokens/s (docs/compiled.md)")
     parser.add_argument("--cache-len", type=int, default=None, metavar="ROWS",
                         help="with --compile: the static KV cache's rows (default: sized from the run, the longest "
                              "prompt + max new tokens + the largest budget + 1, rounded up to 256)")

@@ -23,14 +23,17 @@ def test_backend_names():
 
 
 def test_pick_backend_keeps_what_is_asked_and_defaults_to_the_fastest_lossless(monkeypatch):
-    """Native bf16: the embedded target in q4 (lossless against q4 AR by construction); a hub model or a GPU
-    in fp32; no native bf16: fp32 everywhere."""
+    """Native bf16: the embedded target in q4x8 where its kernel is the VNNI one, else q4 (both lossless against
+    their own AR by construction); a hub model or a GPU in fp32; no native bf16: fp32 everywhere."""
+    from jetflow.engine import dot8
     from jetflow.util import hardware
     assert pick_backend(None, "float32") == ("float32", None, "asked for")
     monkeypatch.setattr(hardware, "cpu_bf16_flags", lambda: ("avx512_bf16",))
-    assert pick_backend(None)[:2] == ("bfloat16", "q4") and "--dtype float32" in pick_backend(None)[2]
-    assert pick_backend("smollm2-135m")[:2] == ("bfloat16", "q4")
-    assert pick_backend(None, compile=True)[:2] == ("bfloat16", "q4")  # compiled: the lean forward, row-exact
+    for vnni, quant in ((True, "q4x8"), (False, "q4")):
+        monkeypatch.setattr(dot8, "vectorized", lambda vnni=vnni: vnni)
+        assert pick_backend(None)[:2] == ("bfloat16", quant) and "--dtype float32" in pick_backend(None)[2]
+        assert pick_backend("smollm2-135m")[:2] == ("bfloat16", quant)
+        assert pick_backend(None, compile=True)[:2] == ("bfloat16", quant)  # compiled: the lean forward, row-exact
     assert pick_backend("some/hub-model")[:2] == ("float32", None) and "--dtype bfloat16" in pick_backend("x/y")[2]
     assert pick_backend(None, quant="int8")[:2] == ("bfloat16", "int8")
     monkeypatch.setattr(hardware, "cpu_bf16_flags", lambda: ())

@@ -1,6 +1,6 @@
 """A Llama decoder's forward written out over the target's own modules: the CPU decode path of the quantized backends.
 
-    target = load_target(None, dtype="bfloat16", quant="q4")   # a LeanTarget: load_eager builds it for int8/q4
+    target = load_target(None, dtype="bfloat16", quant="q4")   # a LeanTarget: load_eager builds it for int8/q4/q4x8
     lean_target(target)                                          # any eager Target of a Llama model
 
 Why it exists: on the embedded q4 target one AR step through transformers' module stack cost about 24 ms on one core
@@ -8,10 +8,12 @@ of an AMD EPYC, a third of it inside the packed 4-bit kernels; the rest was modu
 ops. Through this file it costs about 16 ms (``tools/lean_forward.py``; docs/speed.md, "The lean forward"). It calls
 the same modules' weights with a few dozen ops per layer: q/k/v and gate/up each one fused kernel call
 (``jetflow.engine.quant.fuse``), keys and values written once, in fp32, into a preallocated cache (``LeanKV``), and
-attention through ``jetflow.engine.invariant.attend``, the exact attention, so a verify's rows equal the AR steps' bit
-for bit as on the transformers path. It breaks the house rule of talking to the target only through transformers
-(docs/architecture.md says why): tests/test_lean.py holds it to transformers' forward on tiny models and to its own AR
-steps bit for bit, and ``tools/lean_forward.py`` compares the two forwards' logits on the embedded target.
+exact attention, so a verify's rows equal the AR steps' bit for bit: the C row kernel
+(``jetflow.engine.row_attention``) where it builds, else ``jetflow.engine.invariant.attend`` as on the transformers
+path. It breaks the house rule of talking to the target only through transformers (docs/architecture.md says why):
+tests/test_lean.py holds it to transformers' forward on tiny models (bit for bit through ``invariant.attend``, to
+rounding through the C kernel) and to its own AR steps bit for bit, and ``tools/lean_forward.py`` compares the two
+forwards' logits on the embedded target.
 
 What it serves: Llama-architecture models (``unsupported`` says why another is refused), batch one, eager. The prefill
 attends with SDPA (AR and speculation share it). ``sequence_taps`` and training keep transformers' path.

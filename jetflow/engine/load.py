@@ -18,6 +18,7 @@ from .compiled import CompileConfig, CompiledTarget, compile_target, run_cache_l
 from .invariant import make_invariant
 from .lean import LeanTarget, lean_target, unsupported as lean_unsupported
 from .lean_compiled import CompiledLeanTarget, compile_lean
+from . import dot8
 from .dot8 import Dot8Linear
 from .quant import QUANTS, QuantLinear, quantize_model
 from .target import Target, check_supported
@@ -150,10 +151,11 @@ def pick_backend(name: str | None = None, dtype: str | None = None, quant: str |
                  device: str | None = None, compile: bool = False) -> tuple[str, str | None, str]:
     """(dtype, quant, why) a command decodes ``name`` in: ``dtype`` and ``quant`` as asked where either is given
     (``quant`` alone computes in bf16 where the device has it, else fp32). Neither: for the embedded target on a CPU
-    with native bf16, q4 (the GGUF's own Q4_1 blocks), the fastest backend whose speculation equals its own AR by
-    construction (exact attention, ``jetflow.engine.invariant``) in the committed cpu-backends run (docs/speed.md);
+    with native bf16, q4x8 where the C kernel builds with AVX-512 VNNI (``dot8.vectorized``), else q4 (the GGUF's own
+    Q4_1 blocks): the fastest backends whose speculation equals their own AR by construction (exact attention) in
+    the committed cpu-backends run (docs/speed.md);
     elsewhere fp32 (a hub model's q4 would be a requantization nobody measured; without native bf16 the packed
-    kernels run 10-40x slower). ``compile`` picks the same: a compiled q4 target is the lean forward compiled
+    kernels run 10-40x slower). ``compile`` picks the same: a compiled q4/q4x8 target is the lean forward compiled
     (``jetflow.engine.lean_compiled``), row-exact as the eager one. ``--dtype float32`` is the flag for output equal to
     fp32 AR token for token."""
     if dtype is not None or quant is not None:
@@ -162,6 +164,10 @@ def pick_backend(name: str | None = None, dtype: str | None = None, quant: str |
     if fast == "float32":
         return "float32", None, f"exact, and the fastest here: {why}"
     if name in (None, EMBEDDED) and torch.device(device or "cpu").type == "cpu":
+        if dot8.vectorized():
+            return "bfloat16", "q4x8", (f"q4x8: the file's own 4-bit weights times 8-bit activations, as llama.cpp "
+                                        f"computes them, the fastest lossless backend here ({why}, AVX-512 VNNI); "
+                                        "speculation equals q4x8 AR; --dtype float32 for fp32 AR's tokens")
         return "bfloat16", "q4", (f"q4: the file's own 4-bit weights, the fastest lossless backend here ({why}); "
                                   "speculation equals q4 AR; --dtype float32 for fp32 AR's tokens")
     return "float32", None, (f"exact: equals fp32 AR token for token; bf16 is faster here ({why}) but may "
@@ -169,8 +175,8 @@ def pick_backend(name: str | None = None, dtype: str | None = None, quant: str |
 
 
 def backend_of(target: Target) -> str:
-    """The backend a target runs: "fp32", "bf16", "int8", "q4" or "q4x8" (the ``BACKENDS`` key of its dtype and quantized
-    linears), with "-compiled" for a compiled target; another dtype gives its own name (e.g. "float16")."""
+    """The backend a target runs: "fp32", "bf16", "int8", "q4" or "q4x8" (the ``BACKENDS`` key of its dtype and
+    quantized linears), with "-compiled" for a compiled target; another dtype gives its own name (e.g. "float16")."""
     kinds = {m.kind for m in target.model.modules() if isinstance(m, (QuantLinear, Dot8Linear))}
     key = (str(target.dtype).removeprefix("torch."), kinds.pop() if len(kinds) == 1 else None)
     name = next((b for b, v in BACKENDS.items() if v == key), "-".join(k for k in key if k))

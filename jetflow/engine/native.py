@@ -75,7 +75,8 @@ def build(name: str, source: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL | 
     if os.environ.get("JETFLOW_NATIVE", "1") == "0":
         return None
     compiler = os.environ.get("CC", "cc")
-    key = hashlib.sha256("\0".join([source, compiler, platform.machine(), _machine(), *flags]).encode()).hexdigest()[:16]
+    identity = "\0".join([source, compiler, platform.machine(), _machine(), *flags])
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     folder = cache_dir() / "native"
     path = folder / f"{name}-{key}.so"
     try:

@@ -12,9 +12,9 @@ is the AR step's bit for bit by construction; ``tests/test_row_attention.py`` ch
 lean-compiled tests check whole trees against AR.
 
 The C source is compiled once per machine (``jetflow.engine.native``) and loaded with ctypes. Where there is no
-compiler, or ``JETFLOW_ROW_ATTENTION=0`` or ``JETFLOW_NATIVE=0`` (or inside ``with switched(False)``), ``row_attention``
-returns None and the lean forward attends through ``invariant.attend`` as before: both are exact, but they round differently, so a backend's tokens can differ between
-the two (each equals its own AR).
+compiler, or ``JETFLOW_ROW_ATTENTION=0`` or ``JETFLOW_NATIVE=0`` (or inside ``with switched(False)``),
+``row_attention`` returns None and the lean forward attends through ``invariant.attend`` as before: both are exact,
+but they round differently, so a backend's tokens can differ between the two (each equals its own AR).
 """
 from __future__ import annotations
 
