@@ -14,9 +14,10 @@ class ByteTokenizer:
         return " ".join(map(str, ids))
 
 
-def tiny_model(arch: str, vocab: int, seed: int = 0, eos: int | None = None, layers: int = 4):
+def tiny_model(arch: str, vocab: int, seed: int = 0, eos: int | None = None, layers: int = 4, hidden: int = 32,
+               intermediate: int = 64):
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   initializer_range=0.3, tie_word_embeddings=False)
     if arch == "llama":

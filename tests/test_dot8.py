@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from fakes import CharTokenizer
+from fakes import CharTokenizer, tiny_model
 from jetflow.engine import dot8, lean, lean_compiled, quant
 from jetflow.engine.decode import generate
 from jetflow.engine.invariant import make_invariant
@@ -106,12 +105,7 @@ def test_bad_shapes_are_refused():
 def tiny_q4x8(layers: int = 2) -> lean.LeanTarget:
     """A tiny Llama whose widths are whole pairs of blocks (the kernel's unit: 64 inputs), as q4x8 through the lean
     forward."""
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         initializer_range=0.3, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).eval().requires_grad_(False).to(torch.bfloat16)
-    model.generation_config.eos_token_id = 2
+    model = tiny_model("llama", VOCAB, eos=2, layers=layers, hidden=64, intermediate=128).to(torch.bfloat16)
     model = make_invariant(quant.quantize_model(model, "q4x8"))
     return lean.lean_target(Target(model, CharTokenizer(VOCAB), "tiny-q4x8"))
 
