@@ -209,23 +209,14 @@ int jetflow_dot8(const void *x, long xs, int bf16, int T, int K, const uint8_t *
 }
 """
 
-_ARGS = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-         ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-
-
-@functools.lru_cache(maxsize=None)
-def _library():
-    return native.build("dot8", SOURCE, ("-fopenmp",))
+_ARGS = (ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+         ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+_FLAGS = ("-fopenmp",)
 
 
 @functools.lru_cache(maxsize=None)
 def _function():
-    lib = _library()
-    if lib is None:
-        return None
-    function = lib.jetflow_dot8
-    function.argtypes, function.restype = _ARGS, ctypes.c_int
-    return function
+    return native.function("dot8", SOURCE, "jetflow_dot8", _ARGS, _FLAGS)
 
 
 def available() -> bool:
@@ -235,7 +226,7 @@ def available() -> bool:
 
 def vectorized() -> bool:
     """Whether the kernel here is the AVX-512 VNNI one (the fast one; elsewhere plain C, correct but slow)."""
-    return available() and bool(_library().jetflow_dot8_vectorized())
+    return available() and bool(native.function("dot8", SOURCE, "jetflow_dot8_vectorized", (), _FLAGS)())
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, bits: int, group: int, n: int) -> torch.Tensor:

@@ -78,11 +78,6 @@ class LeanKV:
         self.length = past_len + len(path)
 
 
-def _mask_of(visible: torch.Tensor | None) -> torch.Tensor | None:
-    """A (T, L) visible-keys table as the (1, 1, T, L) boolean mask ``visible_keys`` reads back (None stays None)."""
-    return None if visible is None else visible[None, None]
-
-
 def _norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     """Llama's RMS norm, in its own order of operations: fp32 statistics, the weight applied in the input's dtype."""
     h = x.float()
@@ -151,11 +146,8 @@ class LeanDecoder:
         exactly: through the C row attention (``visible`` its (T, past + T) mask, None: causal) where it runs, else
         through ``invariant.attend`` over the ``Plan``'s ``groups``."""
         t = q.shape[0]
-        if not prefill and groups is None:
-            out = row_attention(q, k, v, keys, values, past, visible, self.scaling)
-            if out is not None:
-                return out
-            groups = Plan(visible_keys(_mask_of(visible), t, past + t, q.device)).groups
+        if not prefill and groups is None:  # ``forward`` chose the C kernel (``row_attention.available``)
+            return row_attention(q, k, v, keys, values, past, visible, self.scaling)
         keys[:, past:past + t] = k.transpose(0, 1)
         values[:, past:past + t] = v.transpose(0, 1)
         if prefill:  # causal, any kernel (AR and speculation share it)
@@ -206,7 +198,7 @@ class LeanDecoder:
         cos, sin = _rotary(*(x[0] for x in self.rotary(h, positions[None])))   # (T, 1, D)
         prefill = not (past or mask is not None or t == 1)  # causal over an empty cache (AR and speculation share it)
         groups = visible = None
-        if not prefill and row_attention_available():  # the C kernel: each row reads its visible keys (None: causal)
+        if not prefill and row_attention_available(h.dtype):  # the C kernel: each row its visible keys (None: causal)
             visible = None if mask is None else visible_keys(mask, t, past + t, ids.device)
         elif not prefill:
             groups = Plan(visible_keys(mask, t, past + t, ids.device)).groups

@@ -94,3 +94,14 @@ def build(name: str, source: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL | 
         warnings.warn(f"jetflow: the C kernel {name!r} is unavailable ({detail[-1] if detail else err}); "
                       f"torch ops stand in (slower)", RuntimeWarning, stacklevel=3)
         return None
+
+
+def function(name: str, source: str, symbol: str, argtypes: tuple, flags: tuple[str, ...] = ()):
+    """The C function ``symbol`` of ``build(name, source, flags)``, its argument types set and returning an int, or
+    None where the library does not build."""
+    lib = build(name, source, flags)
+    if lib is None:
+        return None
+    found = getattr(lib, symbol)
+    found.argtypes, found.restype = list(argtypes), ctypes.c_int
+    return found

@@ -226,16 +226,12 @@ def quant_layer(kind: str, name: str, linear: torch.nn.Linear, blocks: dict, dty
     bias = linear.bias
     if kind == "int8":
         return int8_linear(linear.weight, bias, dtype)
+    file_kind, *b = blocks.get(name) or ("q4_1", *q4_1_blocks(linear.weight))
     if kind == "q4x8":
-        file_kind, *b = blocks.get(name) or ("q4_1", *q4_1_blocks(linear.weight))
-        make = dot8.from_q8_0 if file_kind == "q8_0" else dot8.from_q4_1
-        return make(*b, dtype=dtype, bias=bias)
-    if name in blocks:
-        file_kind, *b = blocks[name]
-        if file_kind == "q8_0":
-            return from_q8_0(*b, bias=bias, dtype=dtype)
-        return from_q4_1(*b, linear.in_features, bias=bias, dtype=dtype)
-    return from_q4_1(*q4_1_blocks(linear.weight), linear.in_features, bias=bias, dtype=dtype)
+        return (dot8.from_q8_0 if file_kind == "q8_0" else dot8.from_q4_1)(*b, dtype=dtype, bias=bias)
+    if file_kind == "q8_0":
+        return from_q8_0(*b, bias=bias, dtype=dtype)
+    return from_q4_1(*b, linear.in_features, bias=bias, dtype=dtype)
 
 
 def quantize_model(model: torch.nn.Module, kind: str, gguf_file: str | Path | None = None) -> torch.nn.Module:

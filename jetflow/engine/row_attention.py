@@ -118,9 +118,9 @@ int jetflow_row_attention(const void *q, long qs_t, long qs_h, const void *k, lo
 
 ERRORS = {1: "the cache has no room for the rows, or the heads do not split into the KV heads",
           2: "a head dim over 512 or more than 16 query heads per KV head", 3: "out of memory"}
-_ARGS = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+_ARGS = (ctypes.c_void_p, ctypes.c_long, ctypes.c_long) * 3 + (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
          ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-         ctypes.c_float, ctypes.c_void_p]
+         ctypes.c_float, ctypes.c_void_p)
 _switch = [True]  # ``switched``'s state: False sends every forward to the torch ops
 
 
@@ -130,18 +130,14 @@ def library():
     ``JETFLOW_ROW_ATTENTION=0``."""
     if os.environ.get("JETFLOW_ROW_ATTENTION", "1") == "0":
         return None
-    lib = native.build("row_attention", SOURCE)
-    if lib is None:
-        return None
-    function = lib.jetflow_row_attention
-    function.argtypes, function.restype = _ARGS, ctypes.c_int
-    return function
+    return native.function("row_attention", SOURCE, "jetflow_row_attention", _ARGS)
 
 
-def available() -> bool:
-    """Whether ``row_attention`` runs: a C compiler was found, ``JETFLOW_ROW_ATTENTION`` is not 0 and no ``switched``
-    block turned it off."""
-    return _switch[0] and library() is not None
+def available(dtype: torch.dtype | None = None) -> bool:
+    """Whether ``row_attention`` runs (for queries of ``dtype``, where given: fp32 or bf16): a C compiler was found,
+    ``JETFLOW_ROW_ATTENTION`` is not 0 and no ``switched`` block turned it off."""
+    return (_switch[0] and library() is not None
+            and (dtype is None or dtype in (torch.float32, torch.bfloat16)))
 
 
 @contextlib.contextmanager
